@@ -1,0 +1,190 @@
+//! The broker as one running thing: listeners, probes, and their orderly end.
+//!
+//! `Broker::start` binds every listener before serving anything, so a port conflict fails the
+//! start with a clear message instead of leaving a half-started broker. Every background task
+//! is spawned through one `TaskTracker` and stops on one `CancellationToken`. `shutdown` stops
+//! accepting, lets in-flight requests finish within `proxy.drain_timeout_ms`, and logs what
+//! was left.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::node::Registry;
+use crate::proxy::{self, ProxyState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}; is another Corral (or Ollama) using it? Change the address in the config")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+impl StartError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Bind { .. } => "listen_failed",
+            Self::Config(_) => "invalid_config",
+            Self::Client(_) => "client_failed",
+        }
+    }
+}
+
+/// Knobs for tests and the demo that are not part of the config file.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// Seed every random choice (tie-breaks, backoff jitter) for reproducible runs.
+    pub seed: Option<u64>,
+}
+
+pub struct Broker {
+    shared: Arc<proxy::Shared>,
+    proxy_addrs: Vec<SocketAddr>,
+    cancel: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("proxy_addrs", &self.proxy_addrs)
+            .finish()
+    }
+}
+
+impl Broker {
+    pub async fn start(config: Config, options: StartOptions) -> Result<Self, StartError> {
+        let problems = config.validate();
+        if !problems.is_empty() {
+            return Err(StartError::Config(crate::config::ConfigError {
+                problems: problems
+                    .into_iter()
+                    .map(|(path, message)| crate::config::Problem {
+                        path,
+                        line: None,
+                        message,
+                    })
+                    .collect(),
+            }));
+        }
+        let config = Arc::new(config);
+        let registry =
+            Arc::new(Registry::new(&config.nodes).map_err(|e| StartError::Client(e.to_string()))?);
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.proxy.connect_timeout())
+            .tcp_nodelay(true)
+            .pool_idle_timeout(std::time::Duration::from_secs(60))
+            .build()
+            .map_err(|e| StartError::Client(e.to_string()))?;
+
+        // Bind everything first: all listeners or none.
+        let mut bound = Vec::new();
+        for l in &config.listeners {
+            let listener = TcpListener::bind(&l.addr)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: l.addr.clone(),
+                    source,
+                })?;
+            bound.push((listener, l.clone()));
+        }
+
+        let cancel = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let shared = Arc::new(proxy::Shared::new(
+            Arc::clone(&config),
+            Arc::clone(&registry),
+            client.clone(),
+            cancel.clone(),
+            options.seed,
+        ));
+
+        let mut proxy_addrs = Vec::new();
+        for (listener, lc) in bound {
+            let addr = listener.local_addr().map_err(|source| StartError::Bind {
+                addr: lc.addr.clone(),
+                source,
+            })?;
+            proxy_addrs.push(addr);
+            let app = proxy::router(ProxyState {
+                shared: Arc::clone(&shared),
+                listener: Arc::new(lc.clone()),
+            });
+            let stop = cancel.clone();
+            tracker.spawn(async move {
+                tracing::info!(%addr, origin = ?lc.origin, "proxy listening");
+                let serve =
+                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+                if let Err(e) = serve.await {
+                    tracing::error!(%addr, error = %e, "proxy listener failed");
+                }
+            });
+        }
+        for node in registry.all() {
+            tracker.spawn(crate::health::watch(
+                Arc::clone(node),
+                client.clone(),
+                config.health.clone(),
+                cancel.clone(),
+            ));
+        }
+        Ok(Self {
+            shared,
+            proxy_addrs,
+            cancel,
+            tracker,
+        })
+    }
+
+    /// The first proxy listener's address (the one clients use).
+    pub fn proxy_addr(&self) -> SocketAddr {
+        self.proxy_addrs[0]
+    }
+
+    pub fn proxy_addrs(&self) -> &[SocketAddr] {
+        &self.proxy_addrs
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.shared.registry
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// Stop accepting, let in-flight requests finish (bounded), stop the probes.
+    pub async fn shutdown(self) {
+        let in_flight: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
+        tracing::info!(
+            in_flight,
+            "shutting down: no new connections, draining in-flight requests"
+        );
+        self.cancel.cancel();
+        self.tracker.close();
+        let drain = self.shared.config.proxy.drain_timeout();
+        if tokio::time::timeout(drain, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            let left: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
+            tracing::warn!(
+                left,
+                drain_ms = drain.as_millis() as u64,
+                "drain timeout passed; dropping what is left"
+            );
+        } else {
+            tracing::info!("drained");
+        }
+    }
+}

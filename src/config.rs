@@ -1,0 +1,908 @@
+//! The configuration file (`corral.toml`): schema, defaults, and validation.
+//!
+//! Config is data: one struct per section, `deny_unknown_fields`, defaults that work with no file
+//! at all (one proxy listener on 127.0.0.1:11400 in front of one Ollama on 127.0.0.1:11434).
+//! Parsing never stops at the first problem: each section is deserialized on its own, then the
+//! whole is validated, and every problem is reported with its path (`nodes[1].url`) and the line
+//! it sits on, found through `toml_edit`'s spans. Names here are the public contract
+//! (CONTRACT.md); add fields freely, never rename one.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PROXY_ADDR: &str = "127.0.0.1:11400";
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:11402";
+pub const DEFAULT_NODE_URL: &str = "http://127.0.0.1:11434";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listeners: Vec<ListenerConfig>,
+    pub admin: AdminConfig,
+    pub nodes: Vec<NodeConfig>,
+    pub categories: Vec<CategoryConfig>,
+    pub providers: Vec<ProviderConfig>,
+    pub proxy: ProxyConfig,
+    pub health: HealthConfig,
+    pub retry: RetryConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listeners: vec![ListenerConfig::default()],
+            admin: AdminConfig::default(),
+            nodes: vec![NodeConfig {
+                name: "local".into(),
+                url: DEFAULT_NODE_URL.into(),
+                ..NodeConfig::default()
+            }],
+            categories: vec![CategoryConfig::default()],
+            providers: Vec::new(),
+            proxy: ProxyConfig::default(),
+            health: HealthConfig::default(),
+            retry: RetryConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    #[default]
+    Local,
+    Remote,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    pub addr: String,
+    pub origin: Origin,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            addr: DEFAULT_PROXY_ADDR.into(),
+            origin: Origin::Local,
+            category: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub addr: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            addr: DEFAULT_ADMIN_ADDR.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    #[default]
+    Ollama,
+    Openai,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    pub name: String,
+    pub url: String,
+    pub kind: NodeKind,
+    pub weight: u32,
+    pub max_concurrency: u32,
+    pub enabled: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            url: String::new(),
+            kind: NodeKind::Ollama,
+            weight: 1,
+            max_concurrency: 4,
+            enabled: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    RoundRobin,
+    Weighted,
+    #[default]
+    LeastConnections,
+    LeastLatency,
+    P2c,
+    Priority,
+    Sticky,
+}
+
+impl Policy {
+    /// Policies this build implements; the rest are named in the contract and land with the
+    /// routing work. Config check refuses the others rather than silently substituting one.
+    pub const IMPLEMENTED: [Policy; 2] = [Policy::RoundRobin, Policy::LeastConnections];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Weighted => "weighted",
+            Self::LeastConnections => "least-connections",
+            Self::LeastLatency => "least-latency",
+            Self::P2c => "p2c",
+            Self::Priority => "priority",
+            Self::Sticky => "sticky",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CloudPermission {
+    #[default]
+    Never,
+    OnFailure,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CategoryConfig {
+    pub name: String,
+    pub policy: Policy,
+    pub priority: u32,
+    pub queue_timeout_ms: u64,
+    pub cloud: CloudPermission,
+    pub providers: Vec<String>,
+    pub redact: bool,
+    pub models: Vec<String>,
+}
+
+impl Default for CategoryConfig {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            policy: Policy::LeastConnections,
+            priority: 1,
+            queue_timeout_ms: 30_000,
+            cloud: CloudPermission::Never,
+            providers: Vec::new(),
+            redact: false,
+            models: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderConfig {
+    pub name: String,
+    pub base_url: String,
+    pub secret: String,
+    pub model_map: std::collections::BTreeMap<String, String>,
+}
+
+/// How requests are carried to nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Largest request body accepted; bigger ones get 413 before anything is forwarded.
+    pub max_body_bytes: usize,
+    pub connect_timeout_ms: u64,
+    /// Until the first byte of the answer. Non-streamed generation sends nothing until it is
+    /// done, so this bounds a whole non-streamed answer too.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence between two chunks of a streamed answer.
+    pub idle_timeout_ms: u64,
+    /// How long `serve` lets in-flight requests finish after SIGINT/SIGTERM.
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 300_000,
+            idle_timeout_ms: 120_000,
+            drain_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Liveness probe (`GET /api/version`) period.
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Consecutive failed probes that take a healthy node down.
+    pub failures_to_down: u32,
+    /// Consecutive good probes that bring a down node back (hysteresis against flapping).
+    pub successes_to_up: u32,
+    /// Deep probe (`/api/tags`, `/api/ps`) period: which models each node has and has loaded.
+    pub deep_interval_ms: u64,
+    /// Consecutive failed real requests (5xx, timeouts) that take a node down between probes.
+    pub passive_failures_to_down: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            failures_to_down: 2,
+            successes_to_up: 2,
+            deep_interval_ms: 10_000,
+            passive_failures_to_down: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// Full-jitter exponential backoff: attempt n sleeps uniform(0, min(cap, base * 2^n)).
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            backoff_base_ms: 25,
+            backoff_cap_ms: 1_000,
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
+/// One thing wrong with a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted path of the offending value, e.g. `nodes[1].url`.
+    pub path: String,
+    /// 1-based line in the file, when the value could be located.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: ")?,
+            None => write!(f, "")?,
+        }
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one config text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(f, "{n} problem{} in config", if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    pub fn code(&self) -> &'static str {
+        "invalid_config"
+    }
+}
+
+impl Config {
+    /// Parse and validate a config text, reporting every problem with its line.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let doc = match toml_edit::ImDocument::parse(text) {
+            Ok(doc) => doc,
+            Err(e) => {
+                let line = e.span().map(|s| line_of(text, s.start));
+                return Err(ConfigError {
+                    problems: vec![Problem {
+                        path: String::new(),
+                        line,
+                        message: format!("not valid TOML: {}", e.message()),
+                    }],
+                });
+            }
+        };
+        let root: toml::Table = toml::from_str(text).map_err(|e| ConfigError {
+            problems: vec![Problem {
+                path: String::new(),
+                line: e.span().map(|s| line_of(text, s.start)),
+                message: e.message().to_string(),
+            }],
+        })?;
+        let locator = Locator { text, doc: &doc };
+        let mut problems = Vec::new();
+        let mut config = Config::default();
+
+        for (key, value) in &root {
+            let path = key.as_str();
+            match path {
+                "listeners" => section_array(&locator, path, value, &mut problems, &mut config.listeners),
+                "nodes" => section_array(&locator, path, value, &mut problems, &mut config.nodes),
+                "categories" => section_array(&locator, path, value, &mut problems, &mut config.categories),
+                "providers" => section_array(&locator, path, value, &mut problems, &mut config.providers),
+                "admin" => section(&locator, path, value, &mut problems, &mut config.admin),
+                "proxy" => section(&locator, path, value, &mut problems, &mut config.proxy),
+                "health" => section(&locator, path, value, &mut problems, &mut config.health),
+                "retry" => section(&locator, path, value, &mut problems, &mut config.retry),
+                other => problems.push(Problem {
+                    path: other.to_string(),
+                    line: locator.line(other, None),
+                    message: "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, retry".into(),
+                }),
+            }
+        }
+        // A file that lists no categories still gets the default one, so requests can be classified.
+        if !root.contains_key("categories") {
+            config.categories = vec![CategoryConfig::default()];
+        }
+        for (path, message) in config.validate() {
+            let line = locator.line(&path, None);
+            problems.push(Problem {
+                path,
+                line,
+                message,
+            });
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
+            Err(ConfigError { problems })
+        }
+    }
+
+    /// Read and parse a file; problems carry the file's lines.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            problems: vec![Problem {
+                path: String::new(),
+                line: None,
+                message: format!("cannot read {}: {e}", path.display()),
+            }],
+        })?;
+        Config::parse(&text)
+    }
+
+    /// Semantic checks over the whole config: `(path, message)` for every problem.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut push = |path: String, msg: String| out.push((path, msg));
+
+        if self.listeners.is_empty() {
+            push(
+                "listeners".into(),
+                "at least one proxy listener is needed".into(),
+            );
+        }
+        let mut addrs = HashSet::new();
+        for (i, l) in self.listeners.iter().enumerate() {
+            match l.addr.parse::<SocketAddr>() {
+                Err(_) => push(
+                    format!("listeners[{i}].addr"),
+                    format!("\"{}\" is not an address like 127.0.0.1:11400", l.addr),
+                ),
+                Ok(a) => {
+                    if !addrs.insert(a) {
+                        push(format!("listeners[{i}].addr"), format!("{a} is used twice"));
+                    }
+                }
+            }
+            if let Some(c) = &l.category {
+                if !self.categories.iter().any(|k| &k.name == c) {
+                    push(
+                        format!("listeners[{i}].category"),
+                        format!("no category named \"{c}\""),
+                    );
+                }
+            }
+        }
+        match self.admin.addr.parse::<SocketAddr>() {
+            Err(_) => push(
+                "admin.addr".into(),
+                format!(
+                    "\"{}\" is not an address like 127.0.0.1:11402",
+                    self.admin.addr
+                ),
+            ),
+            Ok(a) => {
+                if addrs.contains(&a) {
+                    push("admin.addr".into(), format!("{a} is also a proxy listener"));
+                }
+            }
+        }
+
+        if self.nodes.is_empty() {
+            push("nodes".into(), "at least one node is needed".into());
+        }
+        let mut names = HashSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.name.is_empty() {
+                push(format!("nodes[{i}].name"), "a node needs a name".into());
+            } else if !n
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c))
+            {
+                push(
+                    format!("nodes[{i}].name"),
+                    format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name),
+                );
+            } else if !names.insert(n.name.as_str()) {
+                push(
+                    format!("nodes[{i}].name"),
+                    format!("\"{}\" is used by an earlier node", n.name),
+                );
+            }
+            match url::Url::parse(&n.url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                Ok(u) => push(
+                    format!("nodes[{i}].url"),
+                    format!(
+                        "\"{}\" must be an http:// or https:// URL with a host (got scheme {})",
+                        n.url,
+                        u.scheme()
+                    ),
+                ),
+                Err(e) => push(
+                    format!("nodes[{i}].url"),
+                    format!("\"{}\" is not a URL: {e}", n.url),
+                ),
+            }
+            if n.weight == 0 {
+                push(
+                    format!("nodes[{i}].weight"),
+                    "must be greater than 0".into(),
+                );
+            }
+            if n.max_concurrency == 0 {
+                push(
+                    format!("nodes[{i}].max_concurrency"),
+                    "must be at least 1".into(),
+                );
+            }
+            if n.kind == NodeKind::Openai {
+                push(
+                    format!("nodes[{i}].kind"),
+                    "kind \"openai\" is not supported by this build yet; use \"ollama\"".into(),
+                );
+            }
+        }
+
+        let mut cats = HashSet::new();
+        for (i, c) in self.categories.iter().enumerate() {
+            if c.name.is_empty() {
+                push(
+                    format!("categories[{i}].name"),
+                    "a category needs a name".into(),
+                );
+            } else if !cats.insert(c.name.as_str()) {
+                push(
+                    format!("categories[{i}].name"),
+                    format!("\"{}\" is used by an earlier category", c.name),
+                );
+            }
+            if !Policy::IMPLEMENTED.contains(&c.policy) {
+                let known: Vec<_> = Policy::IMPLEMENTED.iter().map(|p| p.name()).collect();
+                push(
+                    format!("categories[{i}].policy"),
+                    format!(
+                        "policy \"{}\" is not implemented in this build yet; use one of: {}",
+                        c.policy.name(),
+                        known.join(", ")
+                    ),
+                );
+            }
+            if c.queue_timeout_ms == 0 {
+                push(
+                    format!("categories[{i}].queue_timeout_ms"),
+                    "must be greater than 0".into(),
+                );
+            }
+            for (j, p) in c.providers.iter().enumerate() {
+                if !self.providers.iter().any(|q| &q.name == p) {
+                    push(
+                        format!("categories[{i}].providers[{j}]"),
+                        format!("no provider named \"{p}\""),
+                    );
+                }
+            }
+            for (j, m) in c.models.iter().enumerate() {
+                if m.is_empty() {
+                    push(
+                        format!("categories[{i}].models[{j}]"),
+                        "an empty pattern matches nothing".into(),
+                    );
+                }
+            }
+        }
+
+        let mut provs = HashSet::new();
+        for (i, p) in self.providers.iter().enumerate() {
+            if p.name.is_empty() {
+                push(
+                    format!("providers[{i}].name"),
+                    "a provider needs a name".into(),
+                );
+            } else if !provs.insert(p.name.as_str()) {
+                push(
+                    format!("providers[{i}].name"),
+                    format!("\"{}\" is used by an earlier provider", p.name),
+                );
+            }
+            if url::Url::parse(&p.base_url).is_err() {
+                push(
+                    format!("providers[{i}].base_url"),
+                    format!("\"{}\" is not a URL", p.base_url),
+                );
+            }
+            if p.secret.is_empty() {
+                push(
+                    format!("providers[{i}].secret"),
+                    "name the keyring entry that holds the API key".into(),
+                );
+            }
+        }
+
+        for (field, v) in [
+            ("proxy.connect_timeout_ms", self.proxy.connect_timeout_ms),
+            (
+                "proxy.first_byte_timeout_ms",
+                self.proxy.first_byte_timeout_ms,
+            ),
+            ("proxy.idle_timeout_ms", self.proxy.idle_timeout_ms),
+            ("proxy.max_body_bytes", self.proxy.max_body_bytes as u64),
+            ("health.interval_ms", self.health.interval_ms),
+            ("health.timeout_ms", self.health.timeout_ms),
+            ("health.deep_interval_ms", self.health.deep_interval_ms),
+            (
+                "health.failures_to_down",
+                u64::from(self.health.failures_to_down),
+            ),
+            (
+                "health.successes_to_up",
+                u64::from(self.health.successes_to_up),
+            ),
+            (
+                "health.passive_failures_to_down",
+                u64::from(self.health.passive_failures_to_down),
+            ),
+            ("retry.max_attempts", u64::from(self.retry.max_attempts)),
+        ] {
+            if v == 0 {
+                push(field.into(), "must be greater than 0".into());
+            }
+        }
+        if self.retry.backoff_cap_ms < self.retry.backoff_base_ms {
+            push(
+                "retry.backoff_cap_ms".into(),
+                "must not be smaller than retry.backoff_base_ms".into(),
+            );
+        }
+        out
+    }
+
+    pub fn category(&self, name: &str) -> Option<&CategoryConfig> {
+        self.categories.iter().find(|c| c.name == name)
+    }
+
+    /// TOML text of this config, with every default written out.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+fn section<T: serde::de::DeserializeOwned>(
+    loc: &Locator<'_>,
+    path: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+    out: &mut T,
+) {
+    match T::deserialize(value.clone()) {
+        Ok(v) => *out = v,
+        Err(e) => problems.push(loc.serde_problem(path, e)),
+    }
+}
+
+fn section_array<T: serde::de::DeserializeOwned>(
+    loc: &Locator<'_>,
+    path: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+    out: &mut Vec<T>,
+) {
+    let Some(items) = value.as_array() else {
+        problems.push(Problem {
+            path: path.into(),
+            line: loc.line(path, None),
+            message: format!("must be a list of tables, written [[{path}]]"),
+        });
+        return;
+    };
+    out.clear();
+    for (i, item) in items.iter().enumerate() {
+        let item_path = format!("{path}[{i}]");
+        match T::deserialize(item.clone()) {
+            Ok(v) => out.push(v),
+            Err(e) => problems.push(loc.serde_problem(&item_path, e)),
+        }
+    }
+}
+
+/// Finds the line of a dotted path in the original text.
+struct Locator<'a> {
+    text: &'a str,
+    doc: &'a toml_edit::ImDocument<&'a str>,
+}
+
+impl Locator<'_> {
+    fn serde_problem(&self, path: &str, e: toml::de::Error) -> Problem {
+        let message = e.message().trim().to_string();
+        // serde names the offending field in backticks: point at it when it is in the file.
+        let field = message.split('`').nth(1).filter(|f| !f.contains(' '));
+        let full = match field {
+            Some(f) if self.item(&format!("{path}.{f}")).is_some() => format!("{path}.{f}"),
+            _ => path.to_string(),
+        };
+        Problem {
+            line: self.line(&full, None),
+            path: full,
+            message,
+        }
+    }
+
+    fn line(&self, path: &str, _hint: Option<usize>) -> Option<usize> {
+        // Walk back up the path until something has a span.
+        let mut p = path.to_string();
+        loop {
+            if let Some(span) = self.span(&p) {
+                return Some(line_of(self.text, span.start));
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p.truncate(i),
+                None => return None,
+            }
+        }
+    }
+
+    fn span(&self, path: &str) -> Option<std::ops::Range<usize>> {
+        match self.item(path)? {
+            Located::Item(item) => item.span(),
+            Located::Table(t) => t.span(),
+            Located::Value(v) => v.span(),
+        }
+    }
+
+    fn item(&self, path: &str) -> Option<Located<'_>> {
+        let mut cur = Located::Table(self.doc.as_table());
+        for seg in path.split('.') {
+            let (key, index) = match seg.split_once('[') {
+                Some((k, rest)) => (k, rest.trim_end_matches(']').parse::<usize>().ok()),
+                None => (seg, None),
+            };
+            let next = match cur {
+                Located::Table(t) => Located::Item(t.get(key)?),
+                Located::Item(toml_edit::Item::Table(t)) => Located::Item(t.get(key)?),
+                Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t))) => {
+                    Located::Value(t.get(key)?)
+                }
+                Located::Value(toml_edit::Value::InlineTable(t)) => Located::Value(t.get(key)?),
+                _ => return None,
+            };
+            cur = match index {
+                None => next,
+                Some(i) => match next {
+                    Located::Item(toml_edit::Item::ArrayOfTables(a)) => Located::Table(a.get(i)?),
+                    Located::Item(toml_edit::Item::Value(toml_edit::Value::Array(a))) => {
+                        Located::Value(a.get(i)?)
+                    }
+                    Located::Value(toml_edit::Value::Array(a)) => Located::Value(a.get(i)?),
+                    _ => return None,
+                },
+            };
+        }
+        Some(cur)
+    }
+}
+
+enum Located<'a> {
+    Item(&'a toml_edit::Item),
+    Table(&'a toml_edit::Table),
+    Value(&'a toml_edit::Value),
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// Ollama treats `llama3.2` and `llama3.2:latest` as one model.
+pub fn normalize_model(name: &str) -> String {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if last.contains(':') {
+        name.to_string()
+    } else {
+        format!("{name}:latest")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_working_defaults() {
+        let c = Config::parse("").expect("empty config is valid");
+        assert_eq!(c.listeners[0].addr, DEFAULT_PROXY_ADDR);
+        assert_eq!(c.nodes[0].url, DEFAULT_NODE_URL);
+        assert_eq!(c.categories[0].name, "default");
+    }
+
+    #[test]
+    fn contract_example_parses() {
+        let text = r#"
+[[listeners]]
+addr = "127.0.0.1:11400"
+origin = "local"
+category = "default"
+
+[admin]
+addr = "127.0.0.1:11402"
+
+[[nodes]]
+name = "gpu0"
+url = "http://127.0.0.1:11434"
+kind = "ollama"
+weight = 1
+max_concurrency = 4
+enabled = true
+
+[[categories]]
+name = "default"
+policy = "least-connections"
+priority = 1
+queue_timeout_ms = 30000
+cloud = "never"
+providers = []
+redact = false
+models = []
+
+[[providers]]
+name = "openai"
+base_url = "https://api.openai.com/v1"
+secret = "openai"
+model_map = { "llama3.1:8b" = "gpt-4o-mini" }
+"#;
+        let c = Config::parse(text).unwrap_or_else(|e| panic!("contract example must parse: {e}"));
+        assert_eq!(c.nodes[0].name, "gpu0");
+        assert_eq!(c.providers[0].model_map["llama3.1:8b"], "gpt-4o-mini");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let text = "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n\n[[nodes]]\nname = \"a\"\nurl = \"not a url\"\nweight = 0\n\n[[categories]]\nname = \"default\"\npolicy = \"fastest\"\n\n[health]\ninterval_ms = \"soon\"\n";
+        let err = Config::parse(text).expect_err("three sections are broken");
+        let lines: Vec<_> = err
+            .problems
+            .iter()
+            .map(|p| (p.path.as_str(), p.line))
+            .collect();
+        assert!(
+            lines.contains(&("nodes[1].name", Some(6))),
+            "duplicate name on line 6: {lines:?}"
+        );
+        assert!(
+            lines.contains(&("nodes[1].url", Some(7))),
+            "bad url on line 7: {lines:?}"
+        );
+        assert!(
+            lines.contains(&("nodes[1].weight", Some(8))),
+            "zero weight on line 8: {lines:?}"
+        );
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.path.starts_with("categories[0]")
+                    && p.line == Some(12)
+                    && p.message.contains("fastest")),
+            "{err}"
+        );
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.path.starts_with("health") && p.line.is_some()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_sections_are_named() {
+        let err = Config::parse(
+            "[[nodes]]\nname = \"a\"\nurl = \"http://x:1\"\nwieght = 2\n[bogus]\nx = 1\n",
+        )
+        .expect_err("typos");
+        let text = err.to_string();
+        assert!(text.contains("line 4") && text.contains("wieght"), "{text}");
+        assert!(text.contains("line 5") && text.contains("bogus"), "{text}");
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let err =
+            Config::parse("[[nodes]]\nname = \"a\nurl = 3\n").expect_err("unterminated string");
+        assert_eq!(err.problems.len(), 1);
+        assert_eq!(err.problems[0].line, Some(2), "{err}");
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let c = Config::default();
+        let back = Config::parse(&c.to_toml()).expect("rendered config parses");
+        assert_eq!(c, back);
+    }
+
+    #[test]
+    fn model_names_normalize_like_ollama() {
+        assert_eq!(normalize_model("llama3.2"), "llama3.2:latest");
+        assert_eq!(normalize_model("llama3.2:1b"), "llama3.2:1b");
+        assert_eq!(
+            normalize_model("registry.io:5000/lib/m"),
+            "registry.io:5000/lib/m:latest"
+        );
+    }
+}

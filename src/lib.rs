@@ -1,0 +1,17 @@
+//! Corral: one endpoint in front of a cluster of Ollama nodes.
+//!
+//! The broker library. The `corral` binary and the desktop shell are thin layers over it: they
+//! parse arguments, set up tracing, start a [`broker::Broker`] and translate lifecycle events.
+//! See DESIGN.md for the request path; each module's doc says what its concept is.
+
+pub mod broker;
+pub mod config;
+pub mod error;
+pub mod health;
+pub mod node;
+pub mod proxy;
+pub mod route;
+pub mod sim;
+
+pub use broker::{Broker, StartOptions};
+pub use config::Config;

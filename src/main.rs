@@ -1,0 +1,337 @@
+//! `corral`: the command line. Parses arguments, sets up tracing, and hands over to the library.
+//!
+//! Exit codes: 0 ok, 1 runtime failure, 2 usage or validation error. Errors go to stderr as
+//! one line that says what is wrong and what to do.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use corral::config::{Config, NodeConfig};
+use corral::sim::{SimNode, SimSpec};
+use corral::{Broker, StartOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "corral",
+    version,
+    about = "One endpoint in front of a cluster of Ollama nodes"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker headless until SIGINT/SIGTERM, then drain gracefully.
+    Serve {
+        /// Config file; default: corral.toml in the platform config dir, or built-in defaults.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Broker in front of simulated nodes on loopback: the zero-setup way to try Corral.
+    Demo {
+        /// Proxy port.
+        #[arg(long, default_value_t = 11400)]
+        port: u16,
+        /// How many simulated nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+    },
+    /// Run simulated Ollama node(s) on loopback.
+    Sim {
+        /// Port of the (first) node.
+        #[arg(long, alias = "base-port", default_value_t = 11434)]
+        port: u16,
+        /// Run N nodes on consecutive ports from --port (or --base-port).
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Models the node serves, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "llama3.2:latest,nomic-embed-text:latest"
+        )]
+        models: Vec<String>,
+        /// Tokens per second while streaming (0: as fast as possible).
+        #[arg(long, default_value_t = 30.0)]
+        tps: f64,
+        /// Milliseconds before the first token.
+        #[arg(long, default_value_t = 100)]
+        ttft_ms: u64,
+        /// Requests generating at once; more wait, up to --max-queue, then "server busy".
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+        #[arg(long, default_value_t = 512)]
+        max_queue: usize,
+    },
+    /// Work with config files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Validate a config file: exit 0, or 2 with every problem and its line.
+    Check {
+        file: PathBuf,
+        /// Also print the effective config, defaults filled in.
+        #[arg(long)]
+        verbose: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(run(cli.command))
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(command: Command) -> ExitCode {
+    match command {
+        Command::Serve { config } => serve(config.as_deref()).await,
+        Command::Demo { port, nodes } => demo(port, nodes).await,
+        Command::Sim {
+            port,
+            nodes,
+            models,
+            tps,
+            ttft_ms,
+            parallel,
+            max_queue,
+        } => {
+            let spec = SimSpec {
+                models,
+                tps,
+                ttft: Duration::from_millis(ttft_ms),
+                parallel,
+                max_queue,
+                ..SimSpec::default()
+            };
+            sim(port, nodes, spec).await
+        }
+        Command::Config {
+            command: ConfigCommand::Check { file, verbose },
+        } => config_check(&file, verbose),
+    }
+}
+
+/// The config file in the platform config dir (`~/.config/corral/corral.toml` on Linux).
+fn default_config_path() -> Option<PathBuf> {
+    directories::ProjectDirs::from("dev", "corral", "corral")
+        .map(|d| d.config_dir().join("corral.toml"))
+}
+
+fn load_config(path: Option<&Path>) -> Result<(Config, String), ExitCode> {
+    let (path, explicit) = match path {
+        Some(p) => (p.to_path_buf(), true),
+        None => match default_config_path() {
+            Some(p) => (p, false),
+            None => return Ok((Config::default(), "built-in defaults".into())),
+        },
+    };
+    if !explicit && !path.exists() {
+        return Ok((
+            Config::default(),
+            format!("built-in defaults (no {})", path.display()),
+        ));
+    }
+    match Config::load(&path) {
+        Ok(c) => Ok((c, path.display().to_string())),
+        Err(e) => {
+            eprintln!("error: {}: {e}", path.display());
+            eprintln!(
+                "fix the problems above, or check the file with: corral config check {}",
+                path.display()
+            );
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+async fn serve(config: Option<&Path>) -> ExitCode {
+    let (config, source) = match load_config(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
+    let broker = match Broker::start(config, StartOptions::default()).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(if matches!(e, corral::broker::StartError::Config(_)) {
+                2
+            } else {
+                1
+            });
+        }
+    };
+    eprintln!(
+        "Corral is serving the Ollama API on http://{}",
+        broker.proxy_addr()
+    );
+    wait_for_signal().await;
+    broker.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn demo(port: u16, n: usize) -> ExitCode {
+    let catalog: [&[&str]; 3] = [
+        &["llama3.2:latest", "qwen2.5:7b", "nomic-embed-text:latest"],
+        &["llama3.2:latest", "nomic-embed-text:latest"],
+        &["llama3.2:latest", "qwen2.5:7b"],
+    ];
+    let mut sims = Vec::new();
+    let mut config = Config::default();
+    config.listeners[0].addr = SocketAddr::from(([127, 0, 0, 1], port)).to_string();
+    config.nodes.clear();
+    for i in 0..n.max(1) {
+        let spec = SimSpec {
+            models: catalog[i % catalog.len()]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            tps: 40.0 + 10.0 * i as f64,
+            ttft: Duration::from_millis(120 + 40 * i as u64),
+            ..SimSpec::default()
+        };
+        let node = match SimNode::start(spec).await {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("error: cannot start simulated node {i}: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        config.nodes.push(NodeConfig {
+            name: format!("sim-{}", (b'a' + i as u8) as char),
+            url: node.url(),
+            ..NodeConfig::default()
+        });
+        sims.push(node);
+    }
+    let broker = match Broker::start(config, StartOptions::default()).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            eprintln!("hint: pick another port with: corral demo --port 11500");
+            return ExitCode::from(1);
+        }
+    };
+    let url = format!("http://{}", broker.proxy_addr());
+    println!(
+        "Corral demo: {} simulated Ollama nodes behind one endpoint.",
+        sims.len()
+    );
+    for (node, sim) in broker.config().nodes.iter().zip(&sims) {
+        println!("  node {:<6} {}  (simulated)", node.name, sim.url());
+    }
+    println!();
+    println!("  Ollama API:  {url}");
+    println!("  OpenAI API:  {url}/v1");
+    println!();
+    println!("Try:");
+    println!("  curl {url}/api/tags");
+    println!("  curl {url}/api/chat -d '{{\"model\":\"llama3.2\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
+    println!("  OLLAMA_HOST={url} ollama run llama3.2   # with the ollama CLI, if you have it");
+    println!();
+    println!("Press Ctrl-C to stop.");
+    wait_for_signal().await;
+    broker.shutdown().await;
+    drop(sims);
+    ExitCode::SUCCESS
+}
+
+async fn sim(port: u16, n: usize, spec: SimSpec) -> ExitCode {
+    let nodes = match corral::sim::start_many(n.max(1), port, &spec).await {
+        Ok(nodes) => nodes,
+        Err(e) => {
+            eprintln!("error: cannot listen on 127.0.0.1:{port}: {e}; pick another --port");
+            return ExitCode::from(1);
+        }
+    };
+    for node in &nodes {
+        println!("simulated Ollama node on {}", node.url());
+    }
+    wait_for_signal().await;
+    ExitCode::SUCCESS
+}
+
+fn config_check(file: &Path, verbose: bool) -> ExitCode {
+    match Config::load(file) {
+        Ok(c) => {
+            println!(
+                "{}: ok ({} node(s), {} categor{})",
+                file.display(),
+                c.nodes.len(),
+                c.categories.len(),
+                if c.categories.len() == 1 { "y" } else { "ies" }
+            );
+            if verbose {
+                println!("\n# effective config, defaults filled in\n{}", c.to_toml());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

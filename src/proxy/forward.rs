@@ -1,0 +1,512 @@
+//! Forwarding one request: pick a node, send, fail over before the first byte, relay after it.
+//!
+//! The rule that keeps clients safe (pingora's failover guide): a request may be retried on
+//! another node only while nothing has gone to the client. So an attempt is judged in two
+//! phases:
+//! 1. Until the first byte of the answer's body: connect errors, 5xx, and timeouts are
+//!    retryable (full-jitter exponential backoff, bounded attempts, a node is not tried twice
+//!    unless it is the only one). A node's 503 "server busy" is retried elsewhere but is not a
+//!    node failure. 4xx passes through untouched.
+//! 2. After it: bytes are relayed chunk by chunk as they arrive (no buffering). If the node
+//!    breaks off or falls silent past the idle timeout, the stream ends with one more line in
+//!    the stream's own framing, `{"error": ..., "code": ...}`; never a fake `done:true`.
+//!
+//! Each exchange is judged once, when its stream ends or is dropped (`Relay`), and that one
+//! `Outcome` feeds the node's passive health. The in-flight guard lives in the relay, so a node's
+//! slot is held until the client has the last byte or has gone away; dropping the relay drops
+//! the upstream response, which closes the connection and makes Ollama stop generating.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use futures_util::StreamExt;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::Shared;
+use crate::error::BrokerError;
+use crate::node::{InFlight, Node, Outcome};
+use crate::route::{self, NoCandidate};
+
+/// Everything about the client's request that an attempt needs.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub model: Option<String>,
+    pub category: String,
+    pub request_id: String,
+    pub queue_timeout: Duration,
+}
+
+/// Why one attempt did not produce a response for the client.
+#[derive(Debug)]
+struct AttemptFailed {
+    outcome: Outcome,
+    detail: String,
+}
+
+/// Send `out` to the cluster; the response carries `X-Corral-Node` and `X-Corral-Attempts`.
+pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (BrokerError, u32)> {
+    let started = Instant::now();
+    let deadline = started + out.queue_timeout;
+    let max_attempts = shared.config.retry.max_attempts.max(1);
+    let mut tried: Vec<Arc<Node>> = Vec::new();
+    let mut failures: Vec<(String, AttemptFailed)> = Vec::new();
+
+    for attempt in 1..=max_attempts {
+        if attempt > 1 {
+            tokio::time::sleep(shared.backoff(attempt - 1)).await;
+        }
+        let guard = match acquire(shared, &out, &tried, deadline, started).await {
+            Ok(g) => g,
+            Err(e) if failures.is_empty() => return Err((e, 0)),
+            // Nobody left to try: report what the attempts so far ran into.
+            Err(_) => break,
+        };
+        let node = Arc::clone(guard.node());
+        tried.push(Arc::clone(&node));
+        match attempt_once(shared, guard, &out).await {
+            Ok(mut resp) => {
+                let h = resp.headers_mut();
+                if let Ok(v) = HeaderValue::from_str(node.name()) {
+                    h.insert("x-corral-node", v);
+                }
+                h.insert("x-corral-attempts", HeaderValue::from(attempt));
+                return Ok(resp);
+            }
+            Err(f) => {
+                node.record_outcome(f.outcome, shared.config.health.passive_failures_to_down);
+                tracing::debug!(request_id = %out.request_id, node = %node.name(), attempt, outcome = ?f.outcome, detail = %f.detail, "attempt failed");
+                failures.push((node.name().to_string(), f));
+            }
+        }
+    }
+    let attempts = failures.len() as u32;
+    Err((summarize(&failures), attempts))
+}
+
+/// Turn the failed attempts into the one error the client sees.
+fn summarize(failures: &[(String, AttemptFailed)]) -> BrokerError {
+    let attempts = failures.len() as u32;
+    let detail = failures
+        .iter()
+        .map(|(n, f)| format!("{n}: {}", f.detail))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let reached = failures
+        .iter()
+        .any(|(_, f)| f.outcome != Outcome::ConnectFailed);
+    if !reached {
+        return BrokerError::NoNodeReachable { detail };
+    }
+    if failures
+        .iter()
+        .all(|(_, f)| matches!(f.outcome, Outcome::Busy | Outcome::ConnectFailed))
+    {
+        return BrokerError::ClusterBusy;
+    }
+    match failures.last() {
+        Some((_, f)) if f.outcome == Outcome::TimedOut => {
+            BrokerError::UpstreamTimeout { attempts, detail }
+        }
+        _ => BrokerError::UpstreamFailed { attempts, detail },
+    }
+}
+
+/// Wait for a candidate node with a free slot, up to the queue deadline.
+async fn acquire(
+    shared: &Shared,
+    out: &Outbound,
+    tried: &[Arc<Node>],
+    deadline: Instant,
+    started: Instant,
+) -> Result<InFlight, BrokerError> {
+    let registry = &shared.registry;
+    let model = out.model.as_deref();
+    loop {
+        // Register for wake-ups before looking, so a slot freed in between is not missed.
+        let freed = registry.capacity_freed().notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+
+        let candidates = route::candidates(registry, model, tried).map_err(|why| match why {
+            NoCandidate::UnknownModel => match model {
+                Some(m) => BrokerError::ModelNotFound(m.to_string()),
+                None => BrokerError::NoHealthyNode {
+                    model: String::new(),
+                },
+            },
+            NoCandidate::NoneAvailable | NoCandidate::AllTried => BrokerError::NoHealthyNode {
+                model: model.unwrap_or("").to_string(),
+            },
+        })?;
+        let free: Vec<Arc<Node>> = candidates
+            .into_iter()
+            .filter(|n| n.has_capacity())
+            .collect();
+        if let Some(i) = shared.pick(&out.category, &free) {
+            if let Some(guard) = free[i].try_dispatch() {
+                return Ok(guard);
+            }
+            // Lost the race for its last slot: look again.
+            continue;
+        }
+        if shared.shutdown.is_cancelled() {
+            return Err(BrokerError::ShuttingDown);
+        }
+        if tokio::time::timeout_at(deadline, freed).await.is_err() {
+            return Err(BrokerError::QueueTimeout {
+                waited_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+    }
+}
+
+/// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus `Host` (the node's
+/// own is set from its URL: an Ollama bound to loopback answers 403 to a foreign Host).
+fn is_hop_header(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "proxy-authorization"
+            | "proxy-authenticate"
+    ) || name.as_str().starts_with("x-corral-")
+}
+
+fn copy_headers(from: &HeaderMap) -> HeaderMap {
+    from.iter()
+        .filter(|(k, _)| !is_hop_header(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+async fn attempt_once(
+    shared: &Shared,
+    guard: InFlight,
+    out: &Outbound,
+) -> Result<Response, AttemptFailed> {
+    let node = Arc::clone(guard.node());
+    let url = format!(
+        "{}{}",
+        node.base_url.as_str().trim_end_matches('/'),
+        out.path_and_query
+    );
+    let mut headers = copy_headers(&out.headers);
+    if let Ok(v) = HeaderValue::from_str(&out.request_id) {
+        headers.insert("x-request-id", v);
+    }
+    let request = shared
+        .client
+        .request(out.method.clone(), url)
+        .headers(headers)
+        .body(out.body.clone());
+    let first_byte = shared.config.proxy.first_byte_timeout();
+    let sent_at = Instant::now();
+    let resp = match tokio::time::timeout(first_byte, request.send()).await {
+        Err(_) => {
+            return Err(AttemptFailed {
+                outcome: Outcome::TimedOut,
+                detail: format!("no answer within {} ms", first_byte.as_millis()),
+            })
+        }
+        Ok(Err(e)) if e.is_connect() => {
+            return Err(AttemptFailed {
+                outcome: Outcome::ConnectFailed,
+                detail: format!("cannot connect ({})", root_cause(&e)),
+            })
+        }
+        Ok(Err(e)) => {
+            return Err(AttemptFailed {
+                outcome: Outcome::Failed,
+                detail: format!("request failed ({})", root_cause(&e)),
+            })
+        }
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if status.is_server_error() {
+        let body = read_small(resp, Duration::from_secs(2)).await;
+        let busy = status == StatusCode::SERVICE_UNAVAILABLE && body.contains("server busy");
+        return Err(AttemptFailed {
+            outcome: if busy { Outcome::Busy } else { Outcome::Failed },
+            detail: format!("HTTP {} {}", status.as_u16(), body.trim()),
+        });
+    }
+
+    let resp_headers = copy_headers(resp.headers());
+    let framing = Framing::of(&resp_headers);
+    let mut upstream = resp.bytes_stream().boxed();
+    // Phase one ends with the first byte of the body: until then a retry is still safe.
+    let remaining = first_byte.saturating_sub(sent_at.elapsed());
+    let first = match tokio::time::timeout(remaining, upstream.next()).await {
+        Err(_) => {
+            return Err(AttemptFailed {
+                outcome: Outcome::TimedOut,
+                detail: format!("headers but no body within {} ms", first_byte.as_millis()),
+            })
+        }
+        Ok(Some(Err(e))) => {
+            return Err(AttemptFailed {
+                outcome: Outcome::Failed,
+                detail: format!("body failed before the first byte ({})", root_cause(&e)),
+            })
+        }
+        Ok(Some(Ok(b))) => Some(b),
+        Ok(None) => None,
+    };
+
+    let relay = Relay {
+        upstream,
+        first,
+        guard: Some(guard),
+        idle: shared.config.proxy.idle_timeout(),
+        framing,
+        ends_with_newline: true,
+        done: false,
+        passive_failures_to_down: shared.config.health.passive_failures_to_down,
+        request_id: out.request_id.clone(),
+        bytes: 0,
+    };
+    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(
+        relay,
+        Relay::next,
+    )));
+    *response.status_mut() = status;
+    *response.headers_mut() = resp_headers;
+    Ok(response)
+}
+
+/// The error's innermost cause, which is the useful one ("Connection refused").
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+async fn read_small(resp: reqwest::Response, within: Duration) -> String {
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    let read = async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            out.extend_from_slice(&chunk);
+            if out.len() > 4096 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, read).await;
+    out.truncate(4096);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// How the answer is framed, which decides how a mid-stream failure is told to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// Ollama's streams: one JSON object per line.
+    Ndjson,
+    /// `/v1` streams: `data: {...}` events.
+    Sse,
+    /// A single document: a break cannot be marked inside it, so the connection is aborted.
+    Opaque,
+}
+
+impl Framing {
+    fn of(headers: &HeaderMap) -> Self {
+        let ct = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if ct.starts_with("application/x-ndjson") {
+            Self::Ndjson
+        } else if ct.starts_with("text/event-stream") {
+            Self::Sse
+        } else {
+            Self::Opaque
+        }
+    }
+}
+
+/// Relays an answer's body and judges the exchange when it ends.
+struct Relay {
+    upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    first: Option<Bytes>,
+    guard: Option<InFlight>,
+    idle: Duration,
+    framing: Framing,
+    ends_with_newline: bool,
+    done: bool,
+    passive_failures_to_down: u32,
+    request_id: String,
+    bytes: usize,
+}
+
+impl Relay {
+    async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
+        if self.done {
+            return None;
+        }
+        if let Some(first) = self.first.take() {
+            return Some((Ok(self.pass(first)), self));
+        }
+        match tokio::time::timeout(self.idle, self.upstream.next()).await {
+            Ok(Some(Ok(chunk))) => Some((Ok(self.pass(chunk)), self)),
+            Ok(None) => {
+                self.finish(Outcome::Success, "");
+                None
+            }
+            Ok(Some(Err(e))) => {
+                let why = format!("node stopped mid-stream ({})", root_cause(&e));
+                self.fail(Outcome::StreamCut, why, "stream_interrupted")
+            }
+            Err(_) => {
+                let why = format!(
+                    "node sent nothing for {} ms mid-stream",
+                    self.idle.as_millis()
+                );
+                self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
+            }
+        }
+    }
+
+    fn pass(&mut self, chunk: Bytes) -> Bytes {
+        if let Some(&last) = chunk.last() {
+            self.ends_with_newline = last == b'\n';
+        }
+        self.bytes += chunk.len();
+        chunk
+    }
+
+    fn fail(
+        mut self,
+        outcome: Outcome,
+        why: String,
+        code: &str,
+    ) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
+        let node = self.finish(outcome, &why);
+        let message = format!("{why} on node {node}; the answer is incomplete");
+        let item = match self.framing {
+            Framing::Ndjson => {
+                let line = serde_json::json!({ "error": message, "code": code });
+                let lead = if self.ends_with_newline { "" } else { "\n" };
+                Ok(Bytes::from(format!("{lead}{line}\n")))
+            }
+            Framing::Sse => {
+                let event = serde_json::json!({ "error": { "message": message, "type": "api_error", "code": code } });
+                let lead = if self.ends_with_newline { "" } else { "\n\n" };
+                Ok(Bytes::from(format!("{lead}data: {event}\n\n")))
+            }
+            Framing::Opaque => Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                message,
+            )),
+        };
+        Some((item, self))
+    }
+
+    /// Judge the exchange once and free the node's slot. Returns the node's name.
+    fn finish(&mut self, outcome: Outcome, detail: &str) -> String {
+        self.done = true;
+        let Some(guard) = self.guard.take() else {
+            return String::new();
+        };
+        let node = guard.node();
+        node.record_outcome(outcome, self.passive_failures_to_down);
+        if outcome.is_node_failure() {
+            tracing::warn!(request_id = %self.request_id, node = %node.name(), ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
+        } else {
+            tracing::debug!(request_id = %self.request_id, node = %node.name(), ?outcome, bytes = self.bytes, "answer relayed");
+        }
+        node.name().to_string()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if self.guard.is_some() {
+            // Dropped before the end: the client went away. Dropping `upstream` closes the
+            // node's connection, so it stops generating.
+            self.finish(Outcome::ClientGone, "client disconnected");
+        }
+    }
+}
+
+impl Shared {
+    /// Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2^retry)].
+    fn backoff(&self, retry: u32) -> Duration {
+        let r = &self.config.retry;
+        let ceiling = r
+            .backoff_base_ms
+            .saturating_mul(1u64 << retry.min(20))
+            .min(r.backoff_cap_ms);
+        let ms = self.rng().gen_range(0..=ceiling);
+        Duration::from_millis(ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_headers_and_host_are_not_forwarded() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("corral.local"));
+        h.insert("connection", HeaderValue::from_static("keep-alive"));
+        h.insert("x-corral-category", HeaderValue::from_static("default"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t"));
+        let out = copy_headers(&h);
+        assert!(
+            out.get("host").is_none(),
+            "the node's own Host is set from its URL"
+        );
+        assert!(out.get("connection").is_none());
+        assert!(
+            out.get("x-corral-category").is_none(),
+            "Corral's own headers stay with Corral"
+        );
+        assert_eq!(out["authorization"], "Bearer t");
+    }
+
+    #[test]
+    fn summary_never_claims_a_forwarded_request_was_not_executed() {
+        let f = |outcome| {
+            (
+                String::from("n"),
+                AttemptFailed {
+                    outcome,
+                    detail: String::new(),
+                },
+            )
+        };
+        assert_eq!(
+            summarize(&[f(Outcome::ConnectFailed)]).code(),
+            "no_node_reachable"
+        );
+        assert!(!summarize(&[f(Outcome::ConnectFailed), f(Outcome::ConnectFailed)]).forwarded());
+        assert!(summarize(&[f(Outcome::ConnectFailed), f(Outcome::Failed)]).forwarded());
+        assert_eq!(
+            summarize(&[f(Outcome::Failed), f(Outcome::TimedOut)]).code(),
+            "upstream_timeout"
+        );
+        assert_eq!(
+            summarize(&[f(Outcome::Busy), f(Outcome::Busy)]).code(),
+            "cluster_busy"
+        );
+    }
+}

@@ -1,0 +1,455 @@
+//! The proxy listener: Ollama's API and the OpenAI-compatible `/v1` API in front of the cluster.
+//!
+//! A request is read (bounded by `proxy.max_body_bytes`), classified by endpoint, given a
+//! category, and then either answered by the broker itself (`GET /`), fanned out to every
+//! serving node and merged (`/api/tags`, `/api/ps`, `/v1/models`), or forwarded to one node
+//! chosen by the category's policy (`forward`). Broker-made errors go through `BrokerError`;
+//! every response carries `X-Request-Id`.
+
+mod fanout;
+mod forward;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use http::{header, HeaderMap, HeaderValue, Method};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ListenerConfig};
+use crate::error::BrokerError;
+use crate::node::{Node, Registry};
+
+pub use forward::Outbound;
+
+/// State shared by every proxy listener.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub registry: Arc<Registry>,
+    pub client: reqwest::Client,
+    pub shutdown: CancellationToken,
+    routers: HashMap<String, crate::route::Router>,
+    rng: Mutex<SmallRng>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("proxy::Shared")
+            .field("registry", &self.registry)
+            .finish()
+    }
+}
+
+impl Shared {
+    pub fn new(
+        config: Arc<Config>,
+        registry: Arc<Registry>,
+        client: reqwest::Client,
+        shutdown: CancellationToken,
+        seed: Option<u64>,
+    ) -> Self {
+        let routers = config
+            .categories
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    c.name.clone(),
+                    crate::route::Router::new(c.policy, seed.map(|s| s.wrapping_add(i as u64))),
+                )
+            })
+            .collect();
+        let rng = match seed {
+            Some(s) => SmallRng::seed_from_u64(s ^ 0x5eed),
+            None => SmallRng::from_entropy(),
+        };
+        Self {
+            config,
+            registry,
+            client,
+            shutdown,
+            routers,
+            rng: Mutex::new(rng),
+        }
+    }
+
+    fn rng(&self) -> MutexGuard<'_, SmallRng> {
+        self.rng.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pick among `nodes` with the policy of `category`.
+    fn pick(&self, category: &str, nodes: &[Arc<Node>]) -> Option<usize> {
+        self.routers
+            .get(category)
+            .or_else(|| self.routers.values().next())
+            .and_then(|r| r.pick(nodes))
+    }
+}
+
+/// Per-listener state: the shared broker plus what this socket says about its clients.
+#[derive(Clone, Debug)]
+pub struct ProxyState {
+    pub shared: Arc<Shared>,
+    pub listener: Arc<ListenerConfig>,
+}
+
+pub fn router(state: ProxyState) -> Router {
+    Router::new().fallback(handle).with_state(state)
+}
+
+/// What kind of endpoint a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    /// `GET|HEAD /`: answered by the broker.
+    Root,
+    /// Needs a node that has the request's model.
+    Model,
+    /// Any serving node will do (`/api/version`, pulls, blobs).
+    AnyNode,
+    /// Merged across nodes.
+    Tags,
+    Ps,
+    V1Models,
+}
+
+fn classify(method: &Method, path: &str) -> Option<Endpoint> {
+    use Endpoint::*;
+    let get = method == Method::GET || method == Method::HEAD;
+    let post = method == Method::POST;
+    Some(match path {
+        "/" if get => Root,
+        "/api/version" if get => AnyNode,
+        "/api/tags" if get => Tags,
+        "/api/ps" if get => Ps,
+        "/v1/models" if get => V1Models,
+        "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => {
+            Model
+        }
+        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" if post => Model,
+        "/api/copy" | "/api/push" if post => Model,
+        "/api/delete" if method == Method::DELETE => Model,
+        "/api/pull" | "/api/create" if post => AnyNode,
+        p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => AnyNode,
+        p if p.starts_with("/v1/models/") && get => Model,
+        _ => return None,
+    })
+}
+
+/// The fields of a request body the broker looks at; the rest passes through untouched.
+#[derive(Deserialize)]
+struct ModelField {
+    model: Option<String>,
+    /// Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`).
+    name: Option<String>,
+    /// `/api/copy` names the model `source`.
+    source: Option<String>,
+}
+
+fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+}
+
+async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
+    let id = request_id(req.headers());
+    let (mut response, attempts) = match serve(&state, req, &id).await {
+        Ok(r) => (r, None),
+        Err((e, attempts)) => (e.into_response(), Some(attempts)),
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        h.insert("x-request-id", v);
+    }
+    if let Some(n) = attempts {
+        h.insert("x-corral-attempts", HeaderValue::from(n));
+    }
+    response
+}
+
+async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (BrokerError, u32)> {
+    let shared = &state.shared;
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path().to_string();
+    let Some(endpoint) = classify(&parts.method, &path) else {
+        return Err((
+            BrokerError::UnknownRoute {
+                method: parts.method.to_string(),
+                path,
+            },
+            0,
+        ));
+    };
+    if endpoint == Endpoint::Root {
+        return Ok((
+            http::StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            "Ollama is running",
+        )
+            .into_response());
+    }
+    let body = read_body(&parts.headers, body, shared.config.proxy.max_body_bytes)
+        .await
+        .map_err(|e| (e, 0))?;
+
+    let model = if endpoint == Endpoint::Model {
+        let name = match path.strip_prefix("/v1/models/") {
+            Some(m) => m.to_string(),
+            None => {
+                let fields: ModelField = serde_json::from_slice(&body)
+                    .map_err(|e| (BrokerError::MalformedJson(e.to_string()), 0))?;
+                fields
+                    .model
+                    .or(fields.name)
+                    .or(fields.source)
+                    .filter(|m| !m.is_empty())
+                    .ok_or((BrokerError::MissingModel, 0))?
+            }
+        };
+        Some(name)
+    } else {
+        None
+    };
+    let category = categorize(
+        &shared.config,
+        &state.listener,
+        &parts.headers,
+        model.as_deref(),
+    )
+    .map_err(|e| (e, 0))?;
+    let queue_timeout =
+        queue_timeout(&shared.config, &category, &parts.headers).map_err(|e| (e, 0))?;
+
+    match endpoint {
+        Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
+        Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
+        Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
+        _ => {}
+    }
+    let out = Outbound {
+        method: parts.method.clone(),
+        path_and_query: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or(path),
+        headers: parts.headers,
+        body,
+        model,
+        category,
+        request_id: id.to_string(),
+        queue_timeout,
+    };
+    forward::forward(shared, out).await
+}
+
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+) -> Result<axum::body::Bytes, BrokerError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BrokerError::BodyTooLarge { limit });
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+            || e.to_string().contains("length limit");
+        if too_large {
+            BrokerError::BodyTooLarge { limit }
+        } else {
+            BrokerError::BodyRead(e.to_string())
+        }
+    })
+}
+
+/// Category: the header, else the listener's default, else the first category whose model
+/// patterns match, else `default`.
+fn categorize(
+    config: &Config,
+    listener: &ListenerConfig,
+    headers: &HeaderMap,
+    model: Option<&str>,
+) -> Result<String, BrokerError> {
+    let known = || {
+        config
+            .categories
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(v) = headers.get("x-corral-category") {
+        let name = v.to_str().map_err(|_| BrokerError::BadHeader {
+            name: "X-Corral-Category",
+            reason: "not visible ASCII".into(),
+        })?;
+        return match config.category(name) {
+            Some(c) => Ok(c.name.clone()),
+            None => Err(BrokerError::UnknownCategory {
+                name: name.to_string(),
+                known: known(),
+            }),
+        };
+    }
+    if let Some(c) = &listener.category {
+        return Ok(c.clone());
+    }
+    if let Some(m) = model {
+        if let Some(c) = config
+            .categories
+            .iter()
+            .find(|c| c.models.iter().any(|p| glob(p, m)))
+        {
+            return Ok(c.name.clone());
+        }
+    }
+    Ok(config
+        .category("default")
+        .or(config.categories.first())
+        .map(|c| c.name.clone())
+        .unwrap_or_else(|| "default".into()))
+}
+
+fn queue_timeout(
+    config: &Config,
+    category: &str,
+    headers: &HeaderMap,
+) -> Result<Duration, BrokerError> {
+    if let Some(v) = headers.get("x-corral-queue-timeout") {
+        let ms = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .ok_or_else(|| BrokerError::BadHeader {
+                name: "X-Corral-Queue-Timeout",
+                reason: "must be a whole number of milliseconds".into(),
+            })?;
+        return Ok(Duration::from_millis(ms));
+    }
+    Ok(Duration::from_millis(
+        config
+            .category(category)
+            .map(|c| c.queue_timeout_ms)
+            .unwrap_or(30_000),
+    ))
+}
+
+/// Shell-style match with `*` (any run) and `?` (one character).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_matches_like_a_shell() {
+        assert!(glob("*embed*", "nomic-embed-text:latest"));
+        assert!(glob("llama3.?:*", "llama3.2:1b"));
+        assert!(!glob("*embed*", "llama3.2"));
+        assert!(glob("*", ""));
+        assert!(!glob("a", ""));
+    }
+
+    #[test]
+    fn endpoints_are_classified_by_method_and_path() {
+        assert_eq!(classify(&Method::POST, "/api/chat"), Some(Endpoint::Model));
+        assert_eq!(
+            classify(&Method::GET, "/api/chat"),
+            None,
+            "chat is POST only"
+        );
+        assert_eq!(classify(&Method::HEAD, "/"), Some(Endpoint::Root));
+        assert_eq!(classify(&Method::GET, "/api/tags"), Some(Endpoint::Tags));
+        assert_eq!(
+            classify(&Method::DELETE, "/api/delete"),
+            Some(Endpoint::Model)
+        );
+        assert_eq!(classify(&Method::GET, "/nope"), None);
+    }
+
+    #[test]
+    fn category_comes_from_header_then_listener_then_model() {
+        let mut config = Config::default();
+        config.categories.push(crate::config::CategoryConfig {
+            name: "embedding".into(),
+            models: vec!["*embed*".into()],
+            ..Default::default()
+        });
+        let l = ListenerConfig::default();
+        let none = HeaderMap::new();
+        assert_eq!(
+            categorize(&config, &l, &none, Some("nomic-embed-text"))
+                .ok()
+                .as_deref(),
+            Some("embedding")
+        );
+        assert_eq!(
+            categorize(&config, &l, &none, Some("llama3.2"))
+                .ok()
+                .as_deref(),
+            Some("default")
+        );
+        let mut h = HeaderMap::new();
+        h.insert("x-corral-category", HeaderValue::from_static("nope"));
+        let err = categorize(&config, &l, &h, None).expect_err("unknown category");
+        assert_eq!(err.code(), "unknown_category");
+        assert!(
+            err.to_string().contains("default, embedding"),
+            "lists the known ones: {err}"
+        );
+        let l = ListenerConfig {
+            category: Some("embedding".into()),
+            ..ListenerConfig::default()
+        };
+        assert_eq!(
+            categorize(&config, &l, &none, Some("llama3.2"))
+                .ok()
+                .as_deref(),
+            Some("embedding")
+        );
+    }
+
+    #[test]
+    fn client_request_ids_are_kept_only_when_sane() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", HeaderValue::from_static("abc-123"));
+        assert_eq!(request_id(&h), "abc-123");
+        h.insert("x-request-id", HeaderValue::from_static("has space"));
+        assert_ne!(request_id(&h), "has space");
+    }
+}

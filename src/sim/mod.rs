@@ -1,0 +1,385 @@
+//! Simulated Ollama nodes: product code, used by tests, benchmarks and `corral demo`.
+//!
+//! A `SimNode` listens on loopback and answers Ollama's endpoints in Ollama's own wire format
+//! (NDJSON streams ending in a `done:true` chunk with durations and counts, OpenAI-compatible
+//! `/v1` with SSE ending in `data: [DONE]`, errors worded as Ollama words them). Text is
+//! deterministic for a seed. It streams for real, token by token, at the configured rate.
+//!
+//! Faults are scriptable from Rust (`SimNode::update_faults`) and live over the control
+//! endpoint (`/_sim/*`, see docs/sim.md): status sequences ("3 x 500 then ok"), delay to first
+//! byte, inter-token delay, cut after N chunks, hang, stop listening and come back, flap.
+//! Every request is recorded so tests can assert call counts; streams the client abandoned are
+//! counted as cancelled, as Ollama stops generating then.
+//!
+//! Admission mirrors Ollama's scheduler: `parallel` requests run at once, up to `max_queue` more
+//! wait, and past that the node answers 503 "server busy".
+
+mod api;
+pub mod text;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
+
+/// What a simulated node serves and how fast.
+#[derive(Debug, Clone)]
+pub struct SimSpec {
+    pub models: Vec<String>,
+    /// Tokens per second while streaming; 0 means as fast as possible.
+    pub tps: f64,
+    /// Delay before the first byte of an inference answer.
+    pub ttft: Duration,
+    /// Requests generating at once (OLLAMA_NUM_PARALLEL).
+    pub parallel: usize,
+    /// Requests allowed to wait beyond `parallel` before "server busy" (OLLAMA_MAX_QUEUE).
+    pub max_queue: usize,
+    pub version: String,
+    pub embedding_dims: usize,
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        Self {
+            models: vec!["llama3.2:latest".into(), "nomic-embed-text:latest".into()],
+            tps: 0.0,
+            ttft: Duration::ZERO,
+            parallel: 4,
+            max_queue: 512,
+            version: "0.12.6".into(),
+            embedding_dims: 16,
+        }
+    }
+}
+
+/// One step of a status script: answer `times` inference requests with `status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScriptStep {
+    pub status: u16,
+    #[serde(default = "one")]
+    pub times: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Faults applied to inference requests (chat, generate, embed, `/v1/*`), changeable live.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Statuses to answer with, in order, before answering normally ("3 x 500 then ok").
+    pub script: VecDeque<ScriptStep>,
+    /// Delay to the first byte; overrides the spec's `ttft`.
+    pub ttft_ms: Option<u64>,
+    /// Delay between tokens; overrides the spec's `tps`.
+    pub token_delay_ms: Option<u64>,
+    /// Break the connection after this many chunks of the answer.
+    pub cut_after: Option<usize>,
+    /// Never answer: no status, no bytes.
+    pub hang: bool,
+    /// Stop sending (but keep the connection) after this many chunks.
+    pub hang_after: Option<usize>,
+    /// `/api/version` answers 500.
+    pub fail_probes: bool,
+    /// Alternate between up and failing (everything 500) every N liveness probes.
+    pub flap_every: Option<u32>,
+}
+
+impl Faults {
+    /// "`times` x `status` then ok".
+    pub fn statuses(status: u16, times: u32) -> Self {
+        Self {
+            script: VecDeque::from([ScriptStep { status, times }]),
+            ..Self::default()
+        }
+    }
+}
+
+/// What the node received, in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub model: Option<String>,
+    pub host: Option<String>,
+    pub request_id: Option<String>,
+}
+
+struct Shared {
+    spec: SimSpec,
+    addr: SocketAddr,
+    faults: Mutex<Faults>,
+    received: Mutex<Vec<Received>>,
+    loaded: Mutex<Vec<String>>,
+    slots: Arc<Semaphore>,
+    queued: AtomicUsize,
+    running: AtomicUsize,
+    completed: AtomicUsize,
+    cancelled: AtomicUsize,
+    probes: AtomicU32,
+    flapped_down: AtomicBool,
+    server: Mutex<Option<JoinHandle<()>>>,
+    next_id: AtomicUsize,
+}
+
+impl Shared {
+    fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn serves(&self, model: &str) -> bool {
+        let m = crate::config::normalize_model(model);
+        self.spec
+            .models
+            .iter()
+            .any(|x| crate::config::normalize_model(x) == m)
+    }
+}
+
+/// A running simulated node. Dropping it stops it.
+pub struct SimNode {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SimNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimNode")
+            .field("addr", &self.shared.addr)
+            .finish()
+    }
+}
+
+impl SimNode {
+    /// Start on an ephemeral loopback port.
+    pub async fn start(spec: SimSpec) -> std::io::Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), spec).await
+    }
+
+    pub async fn start_on(addr: SocketAddr, spec: SimSpec) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            slots: Arc::new(Semaphore::new(spec.parallel.max(1))),
+            spec,
+            addr,
+            faults: Mutex::new(Faults::default()),
+            received: Mutex::new(Vec::new()),
+            loaded: Mutex::new(Vec::new()),
+            queued: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            completed: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
+            probes: AtomicU32::new(0),
+            flapped_down: AtomicBool::new(false),
+            server: Mutex::new(None),
+            next_id: AtomicUsize::new(1),
+        });
+        serve(&shared, listener);
+        tracing::info!(%addr, models = ?shared.spec.models, "simulated node listening");
+        Ok(Self { shared })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.shared.addr
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+
+    /// Stop listening and drop every open connection, as a crashed node would.
+    pub fn stop(&self) {
+        stop(&self.shared);
+    }
+
+    /// Listen again on the same address after `stop`.
+    pub async fn restart(&self) -> std::io::Result<()> {
+        restart(&self.shared).await
+    }
+
+    pub fn set_faults(&self, faults: Faults) {
+        *self.shared.faults() = faults;
+    }
+
+    pub fn update_faults(&self, f: impl FnOnce(&mut Faults)) {
+        f(&mut self.shared.faults());
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.shared
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Requests received on `path` (exact match).
+    pub fn count(&self, path: &str) -> usize {
+        self.received().iter().filter(|r| r.path == path).count()
+    }
+
+    /// Inference requests received (chat, generate, embeddings, `/v1/*`).
+    pub fn inference_count(&self) -> usize {
+        self.received()
+            .iter()
+            .filter(|r| api::is_inference(&r.path))
+            .count()
+    }
+
+    /// Streams the client abandoned before the end.
+    pub fn cancelled(&self) -> usize {
+        self.shared.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Inference answers sent to the end.
+    pub fn completed(&self) -> usize {
+        self.shared.completed.load(Ordering::Acquire)
+    }
+
+    /// Requests generating right now.
+    pub fn running(&self) -> usize {
+        self.shared.running.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        stop(&self.shared);
+    }
+}
+
+fn serve(shared: &Arc<Shared>, listener: TcpListener) {
+    let app = api::router(Arc::clone(shared));
+    let handle = tokio::spawn(async move {
+        // Connections live in this task's JoinSet, so aborting the task drops them all.
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((sock, _)) = accepted else { continue };
+                    let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+                    conns.spawn(async move {
+                        let io = hyper_util::rt::TokioIo::new(sock);
+                        let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                            .serve_connection(io, svc)
+                            .await;
+                    });
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+    });
+    *shared.server.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+}
+
+fn stop(shared: &Shared) {
+    if let Some(h) = shared
+        .server
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        h.abort();
+        tracing::info!(addr = %shared.addr, "simulated node stopped");
+    }
+}
+
+async fn restart(shared: &Arc<Shared>) -> std::io::Result<()> {
+    stop(shared);
+    let listener = TcpListener::bind(shared.addr).await?;
+    serve(shared, listener);
+    tracing::info!(addr = %shared.addr, "simulated node listening again");
+    Ok(())
+}
+
+/// Start several nodes, for `corral sim --nodes N` and the demo.
+pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
+    let mut nodes = Vec::with_capacity(n);
+    for i in 0..n {
+        let port = if base_port == 0 {
+            0
+        } else {
+            base_port + i as u16
+        };
+        nodes
+            .push(SimNode::start_on(SocketAddr::from(([127, 0, 0, 1], port)), spec.clone()).await?);
+    }
+    Ok(nodes)
+}
+
+impl Faults {
+    /// Next scripted status, consuming one step.
+    fn next_status(&mut self) -> Option<u16> {
+        let step = self.script.front_mut()?;
+        let status = step.status;
+        step.times = step.times.saturating_sub(1);
+        if step.times == 0 {
+            self.script.pop_front();
+        }
+        Some(status)
+    }
+}
+
+/// Delay values in effect for one request.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    ttft: Duration,
+    per_token: Duration,
+    cut_after: Option<usize>,
+    hang_after: Option<usize>,
+}
+
+impl Pace {
+    fn of(spec: &SimSpec, f: &Faults) -> Self {
+        let per_token = match f.token_delay_ms {
+            Some(ms) => Duration::from_millis(ms),
+            None if spec.tps > 0.0 => Duration::from_secs_f64(1.0 / spec.tps),
+            None => Duration::ZERO,
+        };
+        Self {
+            ttft: f.ttft_ms.map(Duration::from_millis).unwrap_or(spec.ttft),
+            per_token,
+            cut_after: f.cut_after,
+            hang_after: f.hang_after,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_is_consumed_in_order() {
+        let mut f = Faults::statuses(500, 2);
+        f.script.push_back(ScriptStep {
+            status: 503,
+            times: 1,
+        });
+        assert_eq!(f.next_status(), Some(500));
+        assert_eq!(f.next_status(), Some(500));
+        assert_eq!(f.next_status(), Some(503));
+        assert_eq!(f.next_status(), None);
+    }
+
+    #[test]
+    fn faults_parse_from_control_json() {
+        let f: Faults = serde_json::from_str(
+            r#"{"script":[{"status":500,"times":3}],"ttft_ms":200,"cut_after":5}"#,
+        )
+        .expect("documented control body parses");
+        assert_eq!(f.script[0].times, 3);
+        assert_eq!(f.cut_after, Some(5));
+        assert!(
+            serde_json::from_str::<Faults>(r#"{"cut_afterr":5}"#).is_err(),
+            "typos are rejected"
+        );
+    }
+}
