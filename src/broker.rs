@@ -19,11 +19,10 @@ use crate::proxy::{self, ProxyState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot listen on {addr}: {source}; is another Corral (or Ollama) using it? Change the address in the config")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    #[error(
+        "cannot listen on {addr}: {source}; is another Corral (or Ollama) using it? Change the address in the config"
+    )]
+    Bind { addr: String, source: std::io::Error },
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
     #[error("cannot build the HTTP client: {0}")]
@@ -56,9 +55,7 @@ pub struct Broker {
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Broker")
-            .field("proxy_addrs", &self.proxy_addrs)
-            .finish()
+        f.debug_struct("Broker").field("proxy_addrs", &self.proxy_addrs).finish()
     }
 }
 
@@ -69,17 +66,12 @@ impl Broker {
             return Err(StartError::Config(crate::config::ConfigError {
                 problems: problems
                     .into_iter()
-                    .map(|(path, message)| crate::config::Problem {
-                        path,
-                        line: None,
-                        message,
-                    })
+                    .map(|(path, message)| crate::config::Problem { path, line: None, message })
                     .collect(),
             }));
         }
         let config = Arc::new(config);
-        let registry =
-            Arc::new(Registry::new(&config.nodes).map_err(|e| StartError::Client(e.to_string()))?);
+        let registry = Arc::new(Registry::new(&config.nodes).map_err(|e| StartError::Client(e.to_string()))?);
         let client = reqwest::Client::builder()
             .connect_timeout(config.proxy.connect_timeout())
             .tcp_nodelay(true)
@@ -90,12 +82,8 @@ impl Broker {
         // Bind everything first: all listeners or none.
         let mut bound = Vec::new();
         for l in &config.listeners {
-            let listener = TcpListener::bind(&l.addr)
-                .await
-                .map_err(|source| StartError::Bind {
-                    addr: l.addr.clone(),
-                    source,
-                })?;
+            let listener =
+                TcpListener::bind(&l.addr).await.map_err(|source| StartError::Bind { addr: l.addr.clone(), source })?;
             bound.push((listener, l.clone()));
         }
 
@@ -111,20 +99,13 @@ impl Broker {
 
         let mut proxy_addrs = Vec::new();
         for (listener, lc) in bound {
-            let addr = listener.local_addr().map_err(|source| StartError::Bind {
-                addr: lc.addr.clone(),
-                source,
-            })?;
+            let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
             proxy_addrs.push(addr);
-            let app = proxy::router(ProxyState {
-                shared: Arc::clone(&shared),
-                listener: Arc::new(lc.clone()),
-            });
+            let app = proxy::router(ProxyState { shared: Arc::clone(&shared), listener: Arc::new(lc.clone()) });
             let stop = cancel.clone();
             tracker.spawn(async move {
                 tracing::info!(%addr, origin = ?lc.origin, "proxy listening");
-                let serve =
-                    axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+                let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
                 if let Err(e) = serve.await {
                     tracing::error!(%addr, error = %e, "proxy listener failed");
                 }
@@ -138,12 +119,7 @@ impl Broker {
                 cancel.clone(),
             ));
         }
-        Ok(Self {
-            shared,
-            proxy_addrs,
-            cancel,
-            tracker,
-        })
+        Ok(Self { shared, proxy_addrs, cancel, tracker })
     }
 
     /// The first proxy listener's address (the one clients use).
@@ -166,23 +142,13 @@ impl Broker {
     /// Stop accepting, let in-flight requests finish (bounded), stop the probes.
     pub async fn shutdown(self) {
         let in_flight: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
-        tracing::info!(
-            in_flight,
-            "shutting down: no new connections, draining in-flight requests"
-        );
+        tracing::info!(in_flight, "shutting down: no new connections, draining in-flight requests");
         self.cancel.cancel();
         self.tracker.close();
         let drain = self.shared.config.proxy.drain_timeout();
-        if tokio::time::timeout(drain, self.tracker.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(drain, self.tracker.wait()).await.is_err() {
             let left: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
-            tracing::warn!(
-                left,
-                drain_ms = drain.as_millis() as u64,
-                "drain timeout passed; dropping what is left"
-            );
+            tracing::warn!(left, drain_ms = drain.as_millis() as u64, "drain timeout passed; dropping what is left");
         } else {
             tracing::info!("drained");
         }

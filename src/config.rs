@@ -36,11 +36,7 @@ impl Default for Config {
         Self {
             listeners: vec![ListenerConfig::default()],
             admin: AdminConfig::default(),
-            nodes: vec![NodeConfig {
-                name: "local".into(),
-                url: DEFAULT_NODE_URL.into(),
-                ..NodeConfig::default()
-            }],
+            nodes: vec![NodeConfig { name: "local".into(), url: DEFAULT_NODE_URL.into(), ..NodeConfig::default() }],
             categories: vec![CategoryConfig::default()],
             providers: Vec::new(),
             proxy: ProxyConfig::default(),
@@ -69,11 +65,7 @@ pub struct ListenerConfig {
 
 impl Default for ListenerConfig {
     fn default() -> Self {
-        Self {
-            addr: DEFAULT_PROXY_ADDR.into(),
-            origin: Origin::Local,
-            category: None,
-        }
+        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None }
     }
 }
 
@@ -85,9 +77,7 @@ pub struct AdminConfig {
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self {
-            addr: DEFAULT_ADMIN_ADDR.into(),
-        }
+        Self { addr: DEFAULT_ADMIN_ADDR.into() }
     }
 }
 
@@ -268,11 +258,7 @@ pub struct RetryConfig {
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        Self {
-            max_attempts: 3,
-            backoff_base_ms: 25,
-            backoff_cap_ms: 1_000,
-        }
+        Self { max_attempts: 3, backoff_base_ms: 25, backoff_cap_ms: 1_000 }
     }
 }
 
@@ -379,7 +365,9 @@ impl Config {
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
-                    message: "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, retry".into(),
+                    message:
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, retry"
+                            .into(),
                 }),
             }
         }
@@ -389,11 +377,7 @@ impl Config {
         }
         for (path, message) in config.validate() {
             let line = locator.line(&path, None);
-            problems.push(Problem {
-                path,
-                line,
-                message,
-            });
+            problems.push(Problem { path, line, message });
         }
         if problems.is_empty() {
             Ok(config)
@@ -421,10 +405,7 @@ impl Config {
         let mut push = |path: String, msg: String| out.push((path, msg));
 
         if self.listeners.is_empty() {
-            push(
-                "listeners".into(),
-                "at least one proxy listener is needed".into(),
-            );
+            push("listeners".into(), "at least one proxy listener is needed".into());
         }
         let mut addrs = HashSet::new();
         for (i, l) in self.listeners.iter().enumerate() {
@@ -441,21 +422,14 @@ impl Config {
             }
             if let Some(c) = &l.category {
                 if !self.categories.iter().any(|k| &k.name == c) {
-                    push(
-                        format!("listeners[{i}].category"),
-                        format!("no category named \"{c}\""),
-                    );
+                    push(format!("listeners[{i}].category"), format!("no category named \"{c}\""));
                 }
             }
         }
         match self.admin.addr.parse::<SocketAddr>() {
-            Err(_) => push(
-                "admin.addr".into(),
-                format!(
-                    "\"{}\" is not an address like 127.0.0.1:11402",
-                    self.admin.addr
-                ),
-            ),
+            Err(_) => {
+                push("admin.addr".into(), format!("\"{}\" is not an address like 127.0.0.1:11402", self.admin.addr))
+            }
             Ok(a) => {
                 if addrs.contains(&a) {
                     push("admin.addr".into(), format!("{a} is also a proxy listener"));
@@ -470,47 +444,24 @@ impl Config {
         for (i, n) in self.nodes.iter().enumerate() {
             if n.name.is_empty() {
                 push(format!("nodes[{i}].name"), "a node needs a name".into());
-            } else if !n
-                .name
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c))
-            {
-                push(
-                    format!("nodes[{i}].name"),
-                    format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name),
-                );
+            } else if !n.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c)) {
+                push(format!("nodes[{i}].name"), format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name));
             } else if !names.insert(n.name.as_str()) {
-                push(
-                    format!("nodes[{i}].name"),
-                    format!("\"{}\" is used by an earlier node", n.name),
-                );
+                push(format!("nodes[{i}].name"), format!("\"{}\" is used by an earlier node", n.name));
             }
             match url::Url::parse(&n.url) {
                 Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
                 Ok(u) => push(
                     format!("nodes[{i}].url"),
-                    format!(
-                        "\"{}\" must be an http:// or https:// URL with a host (got scheme {})",
-                        n.url,
-                        u.scheme()
-                    ),
+                    format!("\"{}\" must be an http:// or https:// URL with a host (got scheme {})", n.url, u.scheme()),
                 ),
-                Err(e) => push(
-                    format!("nodes[{i}].url"),
-                    format!("\"{}\" is not a URL: {e}", n.url),
-                ),
+                Err(e) => push(format!("nodes[{i}].url"), format!("\"{}\" is not a URL: {e}", n.url)),
             }
             if n.weight == 0 {
-                push(
-                    format!("nodes[{i}].weight"),
-                    "must be greater than 0".into(),
-                );
+                push(format!("nodes[{i}].weight"), "must be greater than 0".into());
             }
             if n.max_concurrency == 0 {
-                push(
-                    format!("nodes[{i}].max_concurrency"),
-                    "must be at least 1".into(),
-                );
+                push(format!("nodes[{i}].max_concurrency"), "must be at least 1".into());
             }
             if n.kind == NodeKind::Openai {
                 push(
@@ -523,15 +474,9 @@ impl Config {
         let mut cats = HashSet::new();
         for (i, c) in self.categories.iter().enumerate() {
             if c.name.is_empty() {
-                push(
-                    format!("categories[{i}].name"),
-                    "a category needs a name".into(),
-                );
+                push(format!("categories[{i}].name"), "a category needs a name".into());
             } else if !cats.insert(c.name.as_str()) {
-                push(
-                    format!("categories[{i}].name"),
-                    format!("\"{}\" is used by an earlier category", c.name),
-                );
+                push(format!("categories[{i}].name"), format!("\"{}\" is used by an earlier category", c.name));
             }
             if !Policy::IMPLEMENTED.contains(&c.policy) {
                 let known: Vec<_> = Policy::IMPLEMENTED.iter().map(|p| p.name()).collect();
@@ -545,25 +490,16 @@ impl Config {
                 );
             }
             if c.queue_timeout_ms == 0 {
-                push(
-                    format!("categories[{i}].queue_timeout_ms"),
-                    "must be greater than 0".into(),
-                );
+                push(format!("categories[{i}].queue_timeout_ms"), "must be greater than 0".into());
             }
             for (j, p) in c.providers.iter().enumerate() {
                 if !self.providers.iter().any(|q| &q.name == p) {
-                    push(
-                        format!("categories[{i}].providers[{j}]"),
-                        format!("no provider named \"{p}\""),
-                    );
+                    push(format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
                 }
             }
             for (j, m) in c.models.iter().enumerate() {
                 if m.is_empty() {
-                    push(
-                        format!("categories[{i}].models[{j}]"),
-                        "an empty pattern matches nothing".into(),
-                    );
+                    push(format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing".into());
                 }
             }
         }
@@ -571,53 +507,29 @@ impl Config {
         let mut provs = HashSet::new();
         for (i, p) in self.providers.iter().enumerate() {
             if p.name.is_empty() {
-                push(
-                    format!("providers[{i}].name"),
-                    "a provider needs a name".into(),
-                );
+                push(format!("providers[{i}].name"), "a provider needs a name".into());
             } else if !provs.insert(p.name.as_str()) {
-                push(
-                    format!("providers[{i}].name"),
-                    format!("\"{}\" is used by an earlier provider", p.name),
-                );
+                push(format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
             }
             if url::Url::parse(&p.base_url).is_err() {
-                push(
-                    format!("providers[{i}].base_url"),
-                    format!("\"{}\" is not a URL", p.base_url),
-                );
+                push(format!("providers[{i}].base_url"), format!("\"{}\" is not a URL", p.base_url));
             }
             if p.secret.is_empty() {
-                push(
-                    format!("providers[{i}].secret"),
-                    "name the keyring entry that holds the API key".into(),
-                );
+                push(format!("providers[{i}].secret"), "name the keyring entry that holds the API key".into());
             }
         }
 
         for (field, v) in [
             ("proxy.connect_timeout_ms", self.proxy.connect_timeout_ms),
-            (
-                "proxy.first_byte_timeout_ms",
-                self.proxy.first_byte_timeout_ms,
-            ),
+            ("proxy.first_byte_timeout_ms", self.proxy.first_byte_timeout_ms),
             ("proxy.idle_timeout_ms", self.proxy.idle_timeout_ms),
             ("proxy.max_body_bytes", self.proxy.max_body_bytes as u64),
             ("health.interval_ms", self.health.interval_ms),
             ("health.timeout_ms", self.health.timeout_ms),
             ("health.deep_interval_ms", self.health.deep_interval_ms),
-            (
-                "health.failures_to_down",
-                u64::from(self.health.failures_to_down),
-            ),
-            (
-                "health.successes_to_up",
-                u64::from(self.health.successes_to_up),
-            ),
-            (
-                "health.passive_failures_to_down",
-                u64::from(self.health.passive_failures_to_down),
-            ),
+            ("health.failures_to_down", u64::from(self.health.failures_to_down)),
+            ("health.successes_to_up", u64::from(self.health.successes_to_up)),
+            ("health.passive_failures_to_down", u64::from(self.health.passive_failures_to_down)),
             ("retry.max_attempts", u64::from(self.retry.max_attempts)),
         ] {
             if v == 0 {
@@ -625,10 +537,7 @@ impl Config {
             }
         }
         if self.retry.backoff_cap_ms < self.retry.backoff_base_ms {
-            push(
-                "retry.backoff_cap_ms".into(),
-                "must not be smaller than retry.backoff_base_ms".into(),
-            );
+            push("retry.backoff_cap_ms".into(), "must not be smaller than retry.backoff_base_ms".into());
         }
         out
     }
@@ -690,17 +599,15 @@ struct Locator<'a> {
 impl Locator<'_> {
     fn serde_problem(&self, path: &str, e: toml::de::Error) -> Problem {
         let message = e.message().trim().to_string();
-        // serde names the offending field in backticks: point at it when it is in the file.
-        let field = message.split('`').nth(1).filter(|f| !f.contains(' '));
-        let full = match field {
-            Some(f) if self.item(&format!("{path}.{f}")).is_some() => format!("{path}.{f}"),
-            _ => path.to_string(),
+        // serde names the offending field (or the offending value) in backticks: point at the
+        // key it belongs to when the file has it.
+        let quoted = message.split('`').nth(1).unwrap_or_default();
+        let full = if self.item(&format!("{path}.{quoted}")).is_some() {
+            format!("{path}.{quoted}")
+        } else {
+            self.key_with_value(path, quoted).map(|k| format!("{path}.{k}")).unwrap_or_else(|| path.to_string())
         };
-        Problem {
-            line: self.line(&full, None),
-            path: full,
-            message,
-        }
+        Problem { line: self.line(&full, None), path: full, message }
     }
 
     fn line(&self, path: &str, _hint: Option<usize>) -> Option<usize> {
@@ -715,6 +622,22 @@ impl Locator<'_> {
                 None => return None,
             }
         }
+    }
+
+    /// The key of the table at `path` whose value is the string `value`.
+    fn key_with_value(&self, path: &str, value: &str) -> Option<String> {
+        let table: Vec<(String, Option<String>)> = match self.item(path)? {
+            Located::Table(t) => t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect(),
+            Located::Item(toml_edit::Item::Table(t)) => {
+                t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect()
+            }
+            Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t)))
+            | Located::Value(toml_edit::Value::InlineTable(t)) => {
+                t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect()
+            }
+            _ => return None,
+        };
+        table.into_iter().find(|(_, v)| v.as_deref() == Some(value)).map(|(k, _)| k)
     }
 
     fn span(&self, path: &str) -> Option<std::ops::Range<usize>> {
@@ -735,9 +658,7 @@ impl Locator<'_> {
             let next = match cur {
                 Located::Table(t) => Located::Item(t.get(key)?),
                 Located::Item(toml_edit::Item::Table(t)) => Located::Item(t.get(key)?),
-                Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t))) => {
-                    Located::Value(t.get(key)?)
-                }
+                Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t))) => Located::Value(t.get(key)?),
                 Located::Value(toml_edit::Value::InlineTable(t)) => Located::Value(t.get(key)?),
                 _ => return None,
             };
@@ -745,9 +666,7 @@ impl Locator<'_> {
                 None => next,
                 Some(i) => match next {
                     Located::Item(toml_edit::Item::ArrayOfTables(a)) => Located::Table(a.get(i)?),
-                    Located::Item(toml_edit::Item::Value(toml_edit::Value::Array(a))) => {
-                        Located::Value(a.get(i)?)
-                    }
+                    Located::Item(toml_edit::Item::Value(toml_edit::Value::Array(a))) => Located::Value(a.get(i)?),
                     Located::Value(toml_edit::Value::Array(a)) => Located::Value(a.get(i)?),
                     _ => return None,
                 },
@@ -764,11 +683,7 @@ enum Located<'a> {
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
-    text.as_bytes()[..offset.min(text.len())]
-        .iter()
-        .filter(|&&b| b == b'\n')
-        .count()
-        + 1
+    text.as_bytes()[..offset.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
 }
 
 /// Ollama treats `llama3.2` and `llama3.2:latest` as one model.
@@ -837,45 +752,23 @@ model_map = { "llama3.1:8b" = "gpt-4o-mini" }
     fn every_problem_is_reported_with_its_line() {
         let text = "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n\n[[nodes]]\nname = \"a\"\nurl = \"not a url\"\nweight = 0\n\n[[categories]]\nname = \"default\"\npolicy = \"fastest\"\n\n[health]\ninterval_ms = \"soon\"\n";
         let err = Config::parse(text).expect_err("three sections are broken");
-        let lines: Vec<_> = err
-            .problems
-            .iter()
-            .map(|p| (p.path.as_str(), p.line))
-            .collect();
-        assert!(
-            lines.contains(&("nodes[1].name", Some(6))),
-            "duplicate name on line 6: {lines:?}"
-        );
-        assert!(
-            lines.contains(&("nodes[1].url", Some(7))),
-            "bad url on line 7: {lines:?}"
-        );
-        assert!(
-            lines.contains(&("nodes[1].weight", Some(8))),
-            "zero weight on line 8: {lines:?}"
-        );
+        let lines: Vec<_> = err.problems.iter().map(|p| (p.path.as_str(), p.line)).collect();
+        assert!(lines.contains(&("nodes[1].name", Some(6))), "duplicate name on line 6: {lines:?}");
+        assert!(lines.contains(&("nodes[1].url", Some(7))), "bad url on line 7: {lines:?}");
+        assert!(lines.contains(&("nodes[1].weight", Some(8))), "zero weight on line 8: {lines:?}");
         assert!(
             err.problems
                 .iter()
-                .any(|p| p.path.starts_with("categories[0]")
-                    && p.line == Some(12)
-                    && p.message.contains("fastest")),
+                .any(|p| p.path.starts_with("categories[0]") && p.line == Some(12) && p.message.contains("fastest")),
             "{err}"
         );
-        assert!(
-            err.problems
-                .iter()
-                .any(|p| p.path.starts_with("health") && p.line.is_some()),
-            "{err}"
-        );
+        assert!(err.problems.iter().any(|p| p.path.starts_with("health") && p.line.is_some()), "{err}");
     }
 
     #[test]
     fn unknown_fields_and_sections_are_named() {
-        let err = Config::parse(
-            "[[nodes]]\nname = \"a\"\nurl = \"http://x:1\"\nwieght = 2\n[bogus]\nx = 1\n",
-        )
-        .expect_err("typos");
+        let err = Config::parse("[[nodes]]\nname = \"a\"\nurl = \"http://x:1\"\nwieght = 2\n[bogus]\nx = 1\n")
+            .expect_err("typos");
         let text = err.to_string();
         assert!(text.contains("line 4") && text.contains("wieght"), "{text}");
         assert!(text.contains("line 5") && text.contains("bogus"), "{text}");
@@ -883,8 +776,7 @@ model_map = { "llama3.1:8b" = "gpt-4o-mini" }
 
     #[test]
     fn syntax_errors_have_a_line() {
-        let err =
-            Config::parse("[[nodes]]\nname = \"a\nurl = 3\n").expect_err("unterminated string");
+        let err = Config::parse("[[nodes]]\nname = \"a\nurl = 3\n").expect_err("unterminated string");
         assert_eq!(err.problems.len(), 1);
         assert_eq!(err.problems[0].line, Some(2), "{err}");
     }
@@ -900,9 +792,6 @@ model_map = { "llama3.1:8b" = "gpt-4o-mini" }
     fn model_names_normalize_like_ollama() {
         assert_eq!(normalize_model("llama3.2"), "llama3.2:latest");
         assert_eq!(normalize_model("llama3.2:1b"), "llama3.2:1b");
-        assert_eq!(
-            normalize_model("registry.io:5000/lib/m"),
-            "registry.io:5000/lib/m:latest"
-        );
+        assert_eq!(normalize_model("registry.io:5000/lib/m"), "registry.io:5000/lib/m:latest");
     }
 }

@@ -106,10 +106,7 @@ impl BrokerError {
 
     /// Whether any node received the request. `false` promises the request ran nowhere.
     pub fn forwarded(&self) -> bool {
-        matches!(
-            self,
-            Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy
-        )
+        matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy)
     }
 
     /// Whether the same request may succeed if the client sends it again later.
@@ -154,37 +151,18 @@ mod tests {
         let all = [
             BrokerError::MalformedJson(String::new()),
             BrokerError::MissingModel,
-            BrokerError::UnknownCategory {
-                name: String::new(),
-                known: String::new(),
-            },
-            BrokerError::BadHeader {
-                name: "x",
-                reason: String::new(),
-            },
+            BrokerError::UnknownCategory { name: String::new(), known: String::new() },
+            BrokerError::BadHeader { name: "x", reason: String::new() },
             BrokerError::BodyTooLarge { limit: 1 },
             BrokerError::ModelNotFound(String::new()),
-            BrokerError::UnknownRoute {
-                method: String::new(),
-                path: String::new(),
-            },
-            BrokerError::NoHealthyNode {
-                model: String::new(),
-            },
-            BrokerError::NoNodeReachable {
-                detail: String::new(),
-            },
+            BrokerError::UnknownRoute { method: String::new(), path: String::new() },
+            BrokerError::NoHealthyNode { model: String::new() },
+            BrokerError::NoNodeReachable { detail: String::new() },
             BrokerError::QueueTimeout { waited_ms: 0 },
             BrokerError::ClusterBusy,
             BrokerError::ShuttingDown,
-            BrokerError::UpstreamFailed {
-                attempts: 1,
-                detail: String::new(),
-            },
-            BrokerError::UpstreamTimeout {
-                attempts: 1,
-                detail: String::new(),
-            },
+            BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },
+            BrokerError::UpstreamTimeout { attempts: 1, detail: String::new() },
             BrokerError::BodyRead(String::new()),
         ];
         let docs = include_str!("../docs/errors.md");
@@ -192,14 +170,8 @@ mod tests {
         for e in &all {
             let code = e.code();
             assert!(seen.insert(code), "duplicate code {code}");
-            assert!(
-                code.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
-                "{code} not snake_case"
-            );
-            assert!(
-                docs.contains(&format!("`{code}`")),
-                "{code} is missing from docs/errors.md"
-            );
+            assert!(code.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{code} not snake_case");
+            assert!(docs.contains(&format!("`{code}`")), "{code} is missing from docs/errors.md");
         }
     }
 
@@ -209,11 +181,7 @@ mod tests {
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers()["x-corral-forwarded"], "false");
         assert!(r.headers().contains_key("retry-after"));
-        let r = BrokerError::UpstreamFailed {
-            attempts: 2,
-            detail: "x".into(),
-        }
-        .into_response();
+        let r = BrokerError::UpstreamFailed { attempts: 2, detail: "x".into() }.into_response();
         assert!(
             !r.headers().contains_key("x-corral-forwarded"),
             "a forwarded request must not claim it was not executed"

@@ -64,10 +64,7 @@ pub async fn probe_deep(client: &reqwest::Client, node: &Node, timeout: Duration
         let url = node.base_url.join(path);
         async move {
             let url = url.ok()?;
-            let resp = tokio::time::timeout(timeout, client.get(url).send())
-                .await
-                .ok()?
-                .ok()?;
+            let resp = tokio::time::timeout(timeout, client.get(url).send()).await.ok()?.ok()?;
             if !resp.status().is_success() {
                 return None;
             }
@@ -89,26 +86,14 @@ pub async fn probe_deep(client: &reqwest::Client, node: &Node, timeout: Duration
     }
     if let Some(ps) = ps.and_then(|b| serde_json::from_slice::<PsResponse>(&b).ok()) {
         node.set_loaded(
-            ps.models
-                .into_iter()
-                .map(|m| LoadedModel {
-                    name: m.name,
-                    size: m.size,
-                    size_vram: m.size_vram,
-                })
-                .collect(),
+            ps.models.into_iter().map(|m| LoadedModel { name: m.name, size: m.size, size_vram: m.size_vram }).collect(),
         );
     }
     answered
 }
 
 /// Run the probes of one node until `cancel` fires.
-pub async fn watch(
-    node: Arc<Node>,
-    client: reqwest::Client,
-    cfg: HealthConfig,
-    cancel: CancellationToken,
-) {
+pub async fn watch(node: Arc<Node>, client: reqwest::Client, cfg: HealthConfig, cancel: CancellationToken) {
     let timeout = Duration::from_millis(cfg.timeout_ms);
     let mut live = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
     live.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

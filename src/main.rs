@@ -14,11 +14,7 @@ use corral::sim::{SimNode, SimSpec};
 use corral::{Broker, StartOptions};
 
 #[derive(Parser)]
-#[command(
-    name = "corral",
-    version,
-    about = "One endpoint in front of a cluster of Ollama nodes"
-)]
+#[command(name = "corral", version, about = "One endpoint in front of a cluster of Ollama nodes")]
 struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -59,11 +55,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         nodes: usize,
         /// Models the node serves, comma-separated.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "llama3.2:latest,nomic-embed-text:latest"
-        )]
+        #[arg(long, value_delimiter = ',', default_value = "llama3.2:latest,nomic-embed-text:latest")]
         models: Vec<String>,
         /// Tokens per second while streaming (0: as fast as possible).
         #[arg(long, default_value_t = 30.0)]
@@ -98,10 +90,7 @@ enum ConfigCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -114,9 +103,7 @@ fn main() -> ExitCode {
 fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -127,15 +114,7 @@ async fn run(command: Command) -> ExitCode {
     match command {
         Command::Serve { config } => serve(config.as_deref()).await,
         Command::Demo { port, nodes } => demo(port, nodes).await,
-        Command::Sim {
-            port,
-            nodes,
-            models,
-            tps,
-            ttft_ms,
-            parallel,
-            max_queue,
-        } => {
+        Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue } => {
             let spec = SimSpec {
                 models,
                 tps,
@@ -146,16 +125,13 @@ async fn run(command: Command) -> ExitCode {
             };
             sim(port, nodes, spec).await
         }
-        Command::Config {
-            command: ConfigCommand::Check { file, verbose },
-        } => config_check(&file, verbose),
+        Command::Config { command: ConfigCommand::Check { file, verbose } } => config_check(&file, verbose),
     }
 }
 
 /// The config file in the platform config dir (`~/.config/corral/corral.toml` on Linux).
 fn default_config_path() -> Option<PathBuf> {
-    directories::ProjectDirs::from("dev", "corral", "corral")
-        .map(|d| d.config_dir().join("corral.toml"))
+    directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
 }
 
 fn load_config(path: Option<&Path>) -> Result<(Config, String), ExitCode> {
@@ -167,19 +143,13 @@ fn load_config(path: Option<&Path>) -> Result<(Config, String), ExitCode> {
         },
     };
     if !explicit && !path.exists() {
-        return Ok((
-            Config::default(),
-            format!("built-in defaults (no {})", path.display()),
-        ));
+        return Ok((Config::default(), format!("built-in defaults (no {})", path.display())));
     }
     match Config::load(&path) {
         Ok(c) => Ok((c, path.display().to_string())),
         Err(e) => {
             eprintln!("error: {}: {e}", path.display());
-            eprintln!(
-                "fix the problems above, or check the file with: corral config check {}",
-                path.display()
-            );
+            eprintln!("fix the problems above, or check the file with: corral config check {}", path.display());
             Err(ExitCode::from(2))
         }
     }
@@ -195,17 +165,10 @@ async fn serve(config: Option<&Path>) -> ExitCode {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(if matches!(e, corral::broker::StartError::Config(_)) {
-                2
-            } else {
-                1
-            });
+            return ExitCode::from(if matches!(e, corral::broker::StartError::Config(_)) { 2 } else { 1 });
         }
     };
-    eprintln!(
-        "Corral is serving the Ollama API on http://{}",
-        broker.proxy_addr()
-    );
+    eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
     wait_for_signal().await;
     broker.shutdown().await;
     ExitCode::SUCCESS
@@ -223,10 +186,7 @@ async fn demo(port: u16, n: usize) -> ExitCode {
     config.nodes.clear();
     for i in 0..n.max(1) {
         let spec = SimSpec {
-            models: catalog[i % catalog.len()]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            models: catalog[i % catalog.len()].iter().map(|s| s.to_string()).collect(),
             tps: 40.0 + 10.0 * i as f64,
             ttft: Duration::from_millis(120 + 40 * i as u64),
             ..SimSpec::default()
@@ -254,10 +214,7 @@ async fn demo(port: u16, n: usize) -> ExitCode {
         }
     };
     let url = format!("http://{}", broker.proxy_addr());
-    println!(
-        "Corral demo: {} simulated Ollama nodes behind one endpoint.",
-        sims.len()
-    );
+    println!("Corral demo: {} simulated Ollama nodes behind one endpoint.", sims.len());
     for (node, sim) in broker.config().nodes.iter().zip(&sims) {
         println!("  node {:<6} {}  (simulated)", node.name, sim.url());
     }

@@ -81,10 +81,7 @@ pub enum Outcome {
 
 impl Outcome {
     pub fn is_node_failure(self) -> bool {
-        matches!(
-            self,
-            Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::StreamCut
-        )
+        matches!(self, Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::StreamCut)
     }
 }
 
@@ -170,10 +167,7 @@ impl Node {
     /// `Some(true/false)` once the node's model list is known; `None` before that.
     pub fn serves(&self, model: &str) -> Option<bool> {
         let models = self.models.load();
-        models
-            .as_ref()
-            .as_ref()
-            .map(|set| set.contains(&normalize_model(model)))
+        models.as_ref().as_ref().map(|set| set.contains(&normalize_model(model)))
     }
 
     pub fn models(&self) -> Option<BTreeSet<String>> {
@@ -196,9 +190,7 @@ impl Node {
     /// Take a slot regardless of capacity. The returned guard gives it back when dropped.
     pub fn dispatch(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight {
-            node: Arc::clone(self),
-        }
+        InFlight { node: Arc::clone(self) }
     }
 
     /// Take a slot only if one is free under `max_concurrency` (atomically: two requests can
@@ -206,13 +198,9 @@ impl Node {
     pub fn try_dispatch(self: &Arc<Self>) -> Option<InFlight> {
         let max = self.config.max_concurrency as usize;
         self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
             .ok()
-            .map(|_| InFlight {
-                node: Arc::clone(self),
-            })
+            .map(|_| InFlight { node: Arc::clone(self) })
     }
 
     fn set_health(&self, to: Health, reason: &str) {
@@ -292,6 +280,7 @@ impl Drop for InFlight {
 pub struct Registry {
     nodes: Vec<Arc<Node>>,
     capacity_freed: Arc<Notify>,
+    waiting: AtomicUsize,
 }
 
 impl Registry {
@@ -301,10 +290,7 @@ impl Registry {
             .iter()
             .map(|c| Node::new(c.clone(), Arc::clone(&capacity_freed)).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        Ok(Self {
-            nodes,
-            capacity_freed,
-        })
+        Ok(Self { nodes, capacity_freed, waiting: AtomicUsize::new(0) })
     }
 
     pub fn all(&self) -> &[Arc<Node>] {
@@ -319,6 +305,27 @@ impl Registry {
     pub fn capacity_freed(&self) -> &Notify {
         &self.capacity_freed
     }
+
+    /// Requests waiting for a free slot right now (the queue depth).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Count one request as waiting until the guard drops.
+    pub fn wait_guard(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(self)
+    }
+}
+
+/// One request counted in the queue depth.
+#[derive(Debug)]
+pub struct Waiting<'a>(&'a Registry);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 #[cfg(test)]
@@ -326,11 +333,7 @@ mod tests {
     use super::*;
 
     fn node() -> Arc<Node> {
-        let cfg = NodeConfig {
-            name: "a".into(),
-            url: "http://127.0.0.1:1".into(),
-            ..NodeConfig::default()
-        };
+        let cfg = NodeConfig { name: "a".into(), url: "http://127.0.0.1:1".into(), ..NodeConfig::default() };
         Arc::new(Node::new(cfg, Arc::new(Notify::new())).expect("valid url"))
     }
 
@@ -349,11 +352,7 @@ mod tests {
     fn hysteresis_needs_consecutive_successes_to_come_back() {
         let n = node();
         n.record_probe(true, 2, 3);
-        assert_eq!(
-            n.health(),
-            Health::Healthy,
-            "first good probe makes an unknown node healthy"
-        );
+        assert_eq!(n.health(), Health::Healthy, "first good probe makes an unknown node healthy");
         n.record_probe(false, 2, 3);
         assert_eq!(n.health(), Health::Healthy, "one failure is not enough");
         n.record_probe(false, 2, 3);
@@ -363,11 +362,7 @@ mod tests {
         n.record_probe(false, 2, 3);
         n.record_probe(true, 2, 3);
         n.record_probe(true, 2, 3);
-        assert_eq!(
-            n.health(),
-            Health::Unhealthy,
-            "a failure in between restarts the count"
-        );
+        assert_eq!(n.health(), Health::Unhealthy, "a failure in between restarts the count");
         n.record_probe(true, 2, 3);
         assert_eq!(n.health(), Health::Healthy);
     }
@@ -388,11 +383,7 @@ mod tests {
     #[test]
     fn model_lookup_uses_ollama_names() {
         let n = node();
-        assert_eq!(
-            n.serves("llama3.2"),
-            None,
-            "unknown before the first deep probe"
-        );
+        assert_eq!(n.serves("llama3.2"), None, "unknown before the first deep probe");
         n.set_models(["llama3.2".to_string()]);
         assert_eq!(n.serves("llama3.2:latest"), Some(true));
         assert_eq!(n.serves("qwen"), Some(false));

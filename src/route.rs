@@ -48,19 +48,12 @@ pub fn candidates(
     if serving.is_empty() {
         return Err(NoCandidate::UnknownModel);
     }
-    let available: Vec<Arc<Node>> = serving
-        .into_iter()
-        .filter(|n| n.is_available())
-        .cloned()
-        .collect();
+    let available: Vec<Arc<Node>> = serving.into_iter().filter(|n| n.is_available()).cloned().collect();
     if available.is_empty() {
         return Err(NoCandidate::NoneAvailable);
     }
-    let fresh: Vec<Arc<Node>> = available
-        .iter()
-        .filter(|n| !tried.iter().any(|t| Arc::ptr_eq(t, n)))
-        .cloned()
-        .collect();
+    let fresh: Vec<Arc<Node>> =
+        available.iter().filter(|n| !tried.iter().any(|t| Arc::ptr_eq(t, n))).cloned().collect();
     if !fresh.is_empty() {
         Ok(fresh)
     } else if available.len() == 1 {
@@ -80,9 +73,7 @@ pub struct Router {
 
 impl std::fmt::Debug for Router {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Router")
-            .field("policy", &self.policy)
-            .finish()
+        f.debug_struct("Router").field("policy", &self.policy).finish()
     }
 }
 
@@ -92,11 +83,7 @@ impl Router {
             Some(s) => SmallRng::seed_from_u64(s),
             None => SmallRng::from_entropy(),
         };
-        Self {
-            policy,
-            cursor: AtomicUsize::new(0),
-            rng: Mutex::new(rng),
-        }
+        Self { policy, cursor: AtomicUsize::new(0), rng: Mutex::new(rng) }
     }
 
     /// Index into `nodes` of the chosen one; `None` only for an empty slice.
@@ -109,9 +96,7 @@ impl Router {
             // Config validation admits only implemented policies; the rest cannot get here.
             _ => {
                 let least = nodes.iter().map(|n| n.in_flight()).min()?;
-                let tied: Vec<usize> = (0..nodes.len())
-                    .filter(|&i| nodes[i].in_flight() == least)
-                    .collect();
+                let tied: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].in_flight() == least).collect();
                 let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
                 Some(tied[rng.gen_range(0..tied.len())])
             }
@@ -140,9 +125,7 @@ mod tests {
     fn round_robin_cycles() {
         let reg = registry(3);
         let r = Router::new(Policy::RoundRobin, Some(1));
-        let picks: Vec<_> = (0..6)
-            .map(|_| r.pick(reg.all()).expect("non-empty"))
-            .collect();
+        let picks: Vec<_> = (0..6).map(|_| r.pick(reg.all()).expect("non-empty")).collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
     }
 
@@ -156,10 +139,7 @@ mod tests {
             seen[r.pick(reg.all()).expect("non-empty")] += 1;
         }
         assert_eq!(seen[0], 0, "the busy node is never least loaded");
-        assert!(
-            seen[1] > 50 && seen[2] > 50,
-            "ties between idle nodes are broken at random: {seen:?}"
-        );
+        assert!(seen[1] > 50 && seen[2] > 50, "ties between idle nodes are broken at random: {seen:?}");
     }
 
     #[test]
@@ -172,15 +152,9 @@ mod tests {
         let c = candidates(&reg, Some("a"), &[]).expect("n0 serves a");
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].name(), "n0");
-        assert_eq!(
-            candidates(&reg, Some("zzz"), &[]).err(),
-            Some(NoCandidate::UnknownModel)
-        );
+        assert_eq!(candidates(&reg, Some("zzz"), &[]).err(), Some(NoCandidate::UnknownModel));
         reg.all()[0].record_outcome(crate::node::Outcome::ConnectFailed, 1);
-        assert_eq!(
-            candidates(&reg, Some("a"), &[]).err(),
-            Some(NoCandidate::NoneAvailable)
-        );
+        assert_eq!(candidates(&reg, Some("a"), &[]).err(), Some(NoCandidate::NoneAvailable));
     }
 
     #[test]
@@ -191,10 +165,7 @@ mod tests {
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].name(), "n1");
         let both = [reg.all()[0].clone(), reg.all()[1].clone()];
-        assert_eq!(
-            candidates(&reg, None, &both).err(),
-            Some(NoCandidate::AllTried)
-        );
+        assert_eq!(candidates(&reg, None, &both).err(), Some(NoCandidate::AllTried));
         let single = registry(1);
         let only = single.all()[0].clone();
         assert!(candidates(&single, None, &[only]).is_ok());

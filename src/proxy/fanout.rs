@@ -16,26 +16,12 @@ use crate::node::Node;
 
 /// GET `path` from every available node; `(node, JSON)` for those that answered.
 async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, BrokerError> {
-    let nodes: Vec<Arc<Node>> = shared
-        .registry
-        .all()
-        .iter()
-        .filter(|n| n.is_available())
-        .cloned()
-        .collect();
+    let nodes: Vec<Arc<Node>> = shared.registry.all().iter().filter(|n| n.is_available()).cloned().collect();
     if nodes.is_empty() {
-        return Err(BrokerError::NoHealthyNode {
-            model: String::new(),
-        });
+        return Err(BrokerError::NoHealthyNode { model: String::new() });
     }
-    let timeout = Duration::from_millis(
-        shared
-            .config
-            .health
-            .timeout_ms
-            .max(shared.config.proxy.connect_timeout_ms),
-    )
-    .max(Duration::from_secs(2));
+    let timeout = Duration::from_millis(shared.config.health.timeout_ms.max(shared.config.proxy.connect_timeout_ms))
+        .max(Duration::from_secs(2));
     let asks = nodes.iter().map(|node| {
         let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path);
         let client = shared.client.clone();
@@ -57,33 +43,19 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
             }
         }
     });
-    let answers: Vec<_> = futures_util::future::join_all(asks)
-        .await
-        .into_iter()
-        .flatten()
-        .collect();
+    let answers: Vec<_> = futures_util::future::join_all(asks).await.into_iter().flatten().collect();
     if answers.is_empty() {
-        return Err(BrokerError::NoNodeReachable {
-            detail: format!("no node answered {path}"),
-        });
+        return Err(BrokerError::NoNodeReachable { detail: format!("no node answered {path}") });
     }
     Ok(answers)
 }
 
 fn entries(v: &Value, key: &str) -> Vec<Value> {
-    v.get(key)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default()
+    v.get(key).and_then(Value::as_array).cloned().unwrap_or_default()
 }
 
 fn name_of(entry: &Value) -> String {
-    entry
-        .get("model")
-        .or_else(|| entry.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string()
+    entry.get("model").or_else(|| entry.get("name")).and_then(Value::as_str).unwrap_or_default().to_string()
 }
 
 pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
@@ -116,16 +88,9 @@ pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> 
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
     for (_, v) in gather(shared, "/v1/models").await? {
         for m in entries(&v, "data") {
-            let id = m
-                .get("id")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
+            let id = m.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
             union.entry(id).or_insert(m);
         }
     }
-    Ok(
-        axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() }))
-            .into_response(),
-    )
+    Ok(axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })).into_response())
 }

@@ -94,27 +94,16 @@ pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (Broker
 /// Turn the failed attempts into the one error the client sees.
 fn summarize(failures: &[(String, AttemptFailed)]) -> BrokerError {
     let attempts = failures.len() as u32;
-    let detail = failures
-        .iter()
-        .map(|(n, f)| format!("{n}: {}", f.detail))
-        .collect::<Vec<_>>()
-        .join("; ");
-    let reached = failures
-        .iter()
-        .any(|(_, f)| f.outcome != Outcome::ConnectFailed);
+    let detail = failures.iter().map(|(n, f)| format!("{n}: {}", f.detail)).collect::<Vec<_>>().join("; ");
+    let reached = failures.iter().any(|(_, f)| f.outcome != Outcome::ConnectFailed);
     if !reached {
         return BrokerError::NoNodeReachable { detail };
     }
-    if failures
-        .iter()
-        .all(|(_, f)| matches!(f.outcome, Outcome::Busy | Outcome::ConnectFailed))
-    {
+    if failures.iter().all(|(_, f)| matches!(f.outcome, Outcome::Busy | Outcome::ConnectFailed)) {
         return BrokerError::ClusterBusy;
     }
     match failures.last() {
-        Some((_, f)) if f.outcome == Outcome::TimedOut => {
-            BrokerError::UpstreamTimeout { attempts, detail }
-        }
+        Some((_, f)) if f.outcome == Outcome::TimedOut => BrokerError::UpstreamTimeout { attempts, detail },
         _ => BrokerError::UpstreamFailed { attempts, detail },
     }
 }
@@ -138,18 +127,13 @@ async fn acquire(
         let candidates = route::candidates(registry, model, tried).map_err(|why| match why {
             NoCandidate::UnknownModel => match model {
                 Some(m) => BrokerError::ModelNotFound(m.to_string()),
-                None => BrokerError::NoHealthyNode {
-                    model: String::new(),
-                },
+                None => BrokerError::NoHealthyNode { model: String::new() },
             },
-            NoCandidate::NoneAvailable | NoCandidate::AllTried => BrokerError::NoHealthyNode {
-                model: model.unwrap_or("").to_string(),
-            },
+            NoCandidate::NoneAvailable | NoCandidate::AllTried => {
+                BrokerError::NoHealthyNode { model: model.unwrap_or("").to_string() }
+            }
         })?;
-        let free: Vec<Arc<Node>> = candidates
-            .into_iter()
-            .filter(|n| n.has_capacity())
-            .collect();
+        let free: Vec<Arc<Node>> = candidates.into_iter().filter(|n| n.has_capacity()).collect();
         if let Some(i) = shared.pick(&out.category, &free) {
             if let Some(guard) = free[i].try_dispatch() {
                 return Ok(guard);
@@ -160,10 +144,9 @@ async fn acquire(
         if shared.shutdown.is_cancelled() {
             return Err(BrokerError::ShuttingDown);
         }
+        let _queued = registry.wait_guard();
         if tokio::time::timeout_at(deadline, freed).await.is_err() {
-            return Err(BrokerError::QueueTimeout {
-                waited_ms: started.elapsed().as_millis() as u64,
-            });
+            return Err(BrokerError::QueueTimeout { waited_ms: started.elapsed().as_millis() as u64 });
         }
     }
 }
@@ -188,32 +171,17 @@ fn is_hop_header(name: &HeaderName) -> bool {
 }
 
 fn copy_headers(from: &HeaderMap) -> HeaderMap {
-    from.iter()
-        .filter(|(k, _)| !is_hop_header(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+    from.iter().filter(|(k, _)| !is_hop_header(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-async fn attempt_once(
-    shared: &Shared,
-    guard: InFlight,
-    out: &Outbound,
-) -> Result<Response, AttemptFailed> {
+async fn attempt_once(shared: &Shared, guard: InFlight, out: &Outbound) -> Result<Response, AttemptFailed> {
     let node = Arc::clone(guard.node());
-    let url = format!(
-        "{}{}",
-        node.base_url.as_str().trim_end_matches('/'),
-        out.path_and_query
-    );
+    let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), out.path_and_query);
     let mut headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
         headers.insert("x-request-id", v);
     }
-    let request = shared
-        .client
-        .request(out.method.clone(), url)
-        .headers(headers)
-        .body(out.body.clone());
+    let request = shared.client.request(out.method.clone(), url).headers(headers).body(out.body.clone());
     let first_byte = shared.config.proxy.first_byte_timeout();
     let sent_at = Instant::now();
     let resp = match tokio::time::timeout(first_byte, request.send()).await {
@@ -281,10 +249,7 @@ async fn attempt_once(
         request_id: out.request_id.clone(),
         bytes: 0,
     };
-    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(
-        relay,
-        Relay::next,
-    )));
+    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
     *response.status_mut() = status;
     *response.headers_mut() = resp_headers;
     Ok(response)
@@ -328,10 +293,7 @@ enum Framing {
 
 impl Framing {
     fn of(headers: &HeaderMap) -> Self {
-        let ct = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
         if ct.starts_with("application/x-ndjson") {
             Self::Ndjson
         } else if ct.starts_with("text/event-stream") {
@@ -375,10 +337,7 @@ impl Relay {
                 self.fail(Outcome::StreamCut, why, "stream_interrupted")
             }
             Err(_) => {
-                let why = format!(
-                    "node sent nothing for {} ms mid-stream",
-                    self.idle.as_millis()
-                );
+                let why = format!("node sent nothing for {} ms mid-stream", self.idle.as_millis());
                 self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
             }
         }
@@ -392,12 +351,7 @@ impl Relay {
         chunk
     }
 
-    fn fail(
-        mut self,
-        outcome: Outcome,
-        why: String,
-        code: &str,
-    ) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
+    fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
         let node = self.finish(outcome, &why);
         let message = format!("{why} on node {node}; the answer is incomplete");
         let item = match self.framing {
@@ -411,10 +365,7 @@ impl Relay {
                 let lead = if self.ends_with_newline { "" } else { "\n\n" };
                 Ok(Bytes::from(format!("{lead}data: {event}\n\n")))
             }
-            Framing::Opaque => Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                message,
-            )),
+            Framing::Opaque => Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, message)),
         };
         Some((item, self))
     }
@@ -450,10 +401,7 @@ impl Shared {
     /// Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2^retry)].
     fn backoff(&self, retry: u32) -> Duration {
         let r = &self.config.retry;
-        let ceiling = r
-            .backoff_base_ms
-            .saturating_mul(1u64 << retry.min(20))
-            .min(r.backoff_cap_ms);
+        let ceiling = r.backoff_base_ms.saturating_mul(1u64 << retry.min(20)).min(r.backoff_cap_ms);
         let ms = self.rng().gen_range(0..=ceiling);
         Duration::from_millis(ms)
     }
@@ -471,42 +419,19 @@ mod tests {
         h.insert("x-corral-category", HeaderValue::from_static("default"));
         h.insert("authorization", HeaderValue::from_static("Bearer t"));
         let out = copy_headers(&h);
-        assert!(
-            out.get("host").is_none(),
-            "the node's own Host is set from its URL"
-        );
+        assert!(out.get("host").is_none(), "the node's own Host is set from its URL");
         assert!(out.get("connection").is_none());
-        assert!(
-            out.get("x-corral-category").is_none(),
-            "Corral's own headers stay with Corral"
-        );
+        assert!(out.get("x-corral-category").is_none(), "Corral's own headers stay with Corral");
         assert_eq!(out["authorization"], "Bearer t");
     }
 
     #[test]
     fn summary_never_claims_a_forwarded_request_was_not_executed() {
-        let f = |outcome| {
-            (
-                String::from("n"),
-                AttemptFailed {
-                    outcome,
-                    detail: String::new(),
-                },
-            )
-        };
-        assert_eq!(
-            summarize(&[f(Outcome::ConnectFailed)]).code(),
-            "no_node_reachable"
-        );
+        let f = |outcome| (String::from("n"), AttemptFailed { outcome, detail: String::new() });
+        assert_eq!(summarize(&[f(Outcome::ConnectFailed)]).code(), "no_node_reachable");
         assert!(!summarize(&[f(Outcome::ConnectFailed), f(Outcome::ConnectFailed)]).forwarded());
         assert!(summarize(&[f(Outcome::ConnectFailed), f(Outcome::Failed)]).forwarded());
-        assert_eq!(
-            summarize(&[f(Outcome::Failed), f(Outcome::TimedOut)]).code(),
-            "upstream_timeout"
-        );
-        assert_eq!(
-            summarize(&[f(Outcome::Busy), f(Outcome::Busy)]).code(),
-            "cluster_busy"
-        );
+        assert_eq!(summarize(&[f(Outcome::Failed), f(Outcome::TimedOut)]).code(), "upstream_timeout");
+        assert_eq!(summarize(&[f(Outcome::Busy), f(Outcome::Busy)]).code(), "cluster_busy");
     }
 }

@@ -20,7 +20,6 @@ use axum::Router;
 use http::{header, HeaderMap, HeaderValue, Method};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, ListenerConfig};
@@ -41,9 +40,7 @@ pub struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("proxy::Shared")
-            .field("registry", &self.registry)
-            .finish()
+        f.debug_struct("proxy::Shared").field("registry", &self.registry).finish()
     }
 }
 
@@ -59,25 +56,13 @@ impl Shared {
             .categories
             .iter()
             .enumerate()
-            .map(|(i, c)| {
-                (
-                    c.name.clone(),
-                    crate::route::Router::new(c.policy, seed.map(|s| s.wrapping_add(i as u64))),
-                )
-            })
+            .map(|(i, c)| (c.name.clone(), crate::route::Router::new(c.policy, seed.map(|s| s.wrapping_add(i as u64)))))
             .collect();
         let rng = match seed {
             Some(s) => SmallRng::seed_from_u64(s ^ 0x5eed),
             None => SmallRng::from_entropy(),
         };
-        Self {
-            config,
-            registry,
-            client,
-            shutdown,
-            routers,
-            rng: Mutex::new(rng),
-        }
+        Self { config, registry, client, shutdown, routers, rng: Mutex::new(rng) }
     }
 
     fn rng(&self) -> MutexGuard<'_, SmallRng> {
@@ -86,10 +71,7 @@ impl Shared {
 
     /// Pick among `nodes` with the policy of `category`.
     fn pick(&self, category: &str, nodes: &[Arc<Node>]) -> Option<usize> {
-        self.routers
-            .get(category)
-            .or_else(|| self.routers.values().next())
-            .and_then(|r| r.pick(nodes))
+        self.routers.get(category).or_else(|| self.routers.values().next()).and_then(|r| r.pick(nodes))
     }
 }
 
@@ -129,9 +111,7 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         "/api/tags" if get => Tags,
         "/api/ps" if get => Ps,
         "/v1/models" if get => V1Models,
-        "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => {
-            Model
-        }
+        "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => Model,
         "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" if post => Model,
         "/api/copy" | "/api/push" if post => Model,
         "/api/delete" if method == Method::DELETE => Model,
@@ -142,14 +122,26 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     })
 }
 
-/// The fields of a request body the broker looks at; the rest passes through untouched.
-#[derive(Deserialize)]
-struct ModelField {
-    model: Option<String>,
-    /// Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`).
-    name: Option<String>,
-    /// `/api/copy` names the model `source`.
-    source: Option<String>,
+/// The model a request body names. The whole body is parsed (not just skimmed), so hostile
+/// bodies (nesting past serde_json's depth limit, invalid UTF-8 anywhere) stop here with a 400
+/// instead of travelling to a node; the bytes forwarded are still the client's own.
+fn model_of(body: &[u8]) -> Result<String, BrokerError> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
+    let serde_json::Value::Object(fields) = value else {
+        return Err(BrokerError::MalformedJson("the body must be a JSON object".into()));
+    };
+    // Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`);
+    // `/api/copy` names it `source`.
+    for key in ["model", "name", "source"] {
+        match fields.get(key) {
+            None | Some(serde_json::Value::Null) => continue,
+            Some(serde_json::Value::String(m)) if !m.is_empty() => return Ok(m.clone()),
+            Some(serde_json::Value::String(_)) => return Err(BrokerError::MissingModel),
+            Some(other) => return Err(BrokerError::MalformedJson(format!("\"{key}\" must be a string, not {other}"))),
+        }
+    }
+    Err(BrokerError::MissingModel)
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -171,7 +163,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     if let Ok(v) = HeaderValue::from_str(&id) {
         h.insert("x-request-id", v);
     }
-    if let Some(n) = attempts {
+    if let Some(n) = attempts.filter(|&n| n > 0) {
         h.insert("x-corral-attempts", HeaderValue::from(n));
     }
     response
@@ -182,53 +174,25 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let Some(endpoint) = classify(&parts.method, &path) else {
-        return Err((
-            BrokerError::UnknownRoute {
-                method: parts.method.to_string(),
-                path,
-            },
-            0,
-        ));
+        return Err((BrokerError::UnknownRoute { method: parts.method.to_string(), path }, 0));
     };
     if endpoint == Endpoint::Root {
-        return Ok((
-            http::StatusCode::OK,
-            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-            "Ollama is running",
-        )
+        return Ok((http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
             .into_response());
     }
-    let body = read_body(&parts.headers, body, shared.config.proxy.max_body_bytes)
-        .await
-        .map_err(|e| (e, 0))?;
+    let body = read_body(&parts.headers, body, shared.config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
 
     let model = if endpoint == Endpoint::Model {
         let name = match path.strip_prefix("/v1/models/") {
             Some(m) => m.to_string(),
-            None => {
-                let fields: ModelField = serde_json::from_slice(&body)
-                    .map_err(|e| (BrokerError::MalformedJson(e.to_string()), 0))?;
-                fields
-                    .model
-                    .or(fields.name)
-                    .or(fields.source)
-                    .filter(|m| !m.is_empty())
-                    .ok_or((BrokerError::MissingModel, 0))?
-            }
+            None => model_of(&body).map_err(|e| (e, 0))?,
         };
         Some(name)
     } else {
         None
     };
-    let category = categorize(
-        &shared.config,
-        &state.listener,
-        &parts.headers,
-        model.as_deref(),
-    )
-    .map_err(|e| (e, 0))?;
-    let queue_timeout =
-        queue_timeout(&shared.config, &category, &parts.headers).map_err(|e| (e, 0))?;
+    let category = categorize(&shared.config, &state.listener, &parts.headers, model.as_deref()).map_err(|e| (e, 0))?;
+    let queue_timeout = queue_timeout(&shared.config, &category, &parts.headers).map_err(|e| (e, 0))?;
 
     match endpoint {
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
@@ -238,11 +202,7 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
     }
     let out = Outbound {
         method: parts.method.clone(),
-        path_and_query: parts
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str().to_string())
-            .unwrap_or(path),
+        path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path),
         headers: parts.headers,
         body,
         model,
@@ -253,21 +213,14 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
     forward::forward(shared, out).await
 }
 
-async fn read_body(
-    headers: &HeaderMap,
-    body: Body,
-    limit: usize,
-) -> Result<axum::body::Bytes, BrokerError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum::body::Bytes, BrokerError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BrokerError::BodyTooLarge { limit });
     }
     axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e)
-            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
             || e.to_string().contains("length limit");
         if too_large {
             BrokerError::BodyTooLarge { limit }
@@ -285,36 +238,21 @@ fn categorize(
     headers: &HeaderMap,
     model: Option<&str>,
 ) -> Result<String, BrokerError> {
-    let known = || {
-        config
-            .categories
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let known = || config.categories.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     if let Some(v) = headers.get("x-corral-category") {
-        let name = v.to_str().map_err(|_| BrokerError::BadHeader {
-            name: "X-Corral-Category",
-            reason: "not visible ASCII".into(),
-        })?;
+        let name = v
+            .to_str()
+            .map_err(|_| BrokerError::BadHeader { name: "X-Corral-Category", reason: "not visible ASCII".into() })?;
         return match config.category(name) {
             Some(c) => Ok(c.name.clone()),
-            None => Err(BrokerError::UnknownCategory {
-                name: name.to_string(),
-                known: known(),
-            }),
+            None => Err(BrokerError::UnknownCategory { name: name.to_string(), known: known() }),
         };
     }
     if let Some(c) = &listener.category {
         return Ok(c.clone());
     }
     if let Some(m) = model {
-        if let Some(c) = config
-            .categories
-            .iter()
-            .find(|c| c.models.iter().any(|p| glob(p, m)))
-        {
+        if let Some(c) = config.categories.iter().find(|c| c.models.iter().any(|p| glob(p, m))) {
             return Ok(c.name.clone());
         }
     }
@@ -325,28 +263,15 @@ fn categorize(
         .unwrap_or_else(|| "default".into()))
 }
 
-fn queue_timeout(
-    config: &Config,
-    category: &str,
-    headers: &HeaderMap,
-) -> Result<Duration, BrokerError> {
+fn queue_timeout(config: &Config, category: &str, headers: &HeaderMap) -> Result<Duration, BrokerError> {
     if let Some(v) = headers.get("x-corral-queue-timeout") {
-        let ms = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .ok_or_else(|| BrokerError::BadHeader {
-                name: "X-Corral-Queue-Timeout",
-                reason: "must be a whole number of milliseconds".into(),
-            })?;
+        let ms = v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| BrokerError::BadHeader {
+            name: "X-Corral-Queue-Timeout",
+            reason: "must be a whole number of milliseconds".into(),
+        })?;
         return Ok(Duration::from_millis(ms));
     }
-    Ok(Duration::from_millis(
-        config
-            .category(category)
-            .map(|c| c.queue_timeout_ms)
-            .unwrap_or(30_000),
-    ))
+    Ok(Duration::from_millis(config.category(category).map(|c| c.queue_timeout_ms).unwrap_or(30_000)))
 }
 
 /// Shell-style match with `*` (any run) and `?` (one character).
@@ -388,17 +313,10 @@ mod tests {
     #[test]
     fn endpoints_are_classified_by_method_and_path() {
         assert_eq!(classify(&Method::POST, "/api/chat"), Some(Endpoint::Model));
-        assert_eq!(
-            classify(&Method::GET, "/api/chat"),
-            None,
-            "chat is POST only"
-        );
+        assert_eq!(classify(&Method::GET, "/api/chat"), None, "chat is POST only");
         assert_eq!(classify(&Method::HEAD, "/"), Some(Endpoint::Root));
         assert_eq!(classify(&Method::GET, "/api/tags"), Some(Endpoint::Tags));
-        assert_eq!(
-            classify(&Method::DELETE, "/api/delete"),
-            Some(Endpoint::Model)
-        );
+        assert_eq!(classify(&Method::DELETE, "/api/delete"), Some(Endpoint::Model));
         assert_eq!(classify(&Method::GET, "/nope"), None);
     }
 
@@ -412,36 +330,15 @@ mod tests {
         });
         let l = ListenerConfig::default();
         let none = HeaderMap::new();
-        assert_eq!(
-            categorize(&config, &l, &none, Some("nomic-embed-text"))
-                .ok()
-                .as_deref(),
-            Some("embedding")
-        );
-        assert_eq!(
-            categorize(&config, &l, &none, Some("llama3.2"))
-                .ok()
-                .as_deref(),
-            Some("default")
-        );
+        assert_eq!(categorize(&config, &l, &none, Some("nomic-embed-text")).ok().as_deref(), Some("embedding"));
+        assert_eq!(categorize(&config, &l, &none, Some("llama3.2")).ok().as_deref(), Some("default"));
         let mut h = HeaderMap::new();
         h.insert("x-corral-category", HeaderValue::from_static("nope"));
         let err = categorize(&config, &l, &h, None).expect_err("unknown category");
         assert_eq!(err.code(), "unknown_category");
-        assert!(
-            err.to_string().contains("default, embedding"),
-            "lists the known ones: {err}"
-        );
-        let l = ListenerConfig {
-            category: Some("embedding".into()),
-            ..ListenerConfig::default()
-        };
-        assert_eq!(
-            categorize(&config, &l, &none, Some("llama3.2"))
-                .ok()
-                .as_deref(),
-            Some("embedding")
-        );
+        assert!(err.to_string().contains("default, embedding"), "lists the known ones: {err}");
+        let l = ListenerConfig { category: Some("embedding".into()), ..ListenerConfig::default() };
+        assert_eq!(categorize(&config, &l, &none, Some("llama3.2")).ok().as_deref(), Some("embedding"));
     }
 
     #[test]

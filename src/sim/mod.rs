@@ -95,10 +95,7 @@ pub struct Faults {
 impl Faults {
     /// "`times` x `status` then ok".
     pub fn statuses(status: u16, times: u32) -> Self {
-        Self {
-            script: VecDeque::from([ScriptStep { status, times }]),
-            ..Self::default()
-        }
+        Self { script: VecDeque::from([ScriptStep { status, times }]), ..Self::default() }
     }
 }
 
@@ -136,10 +133,7 @@ impl Shared {
 
     fn serves(&self, model: &str) -> bool {
         let m = crate::config::normalize_model(model);
-        self.spec
-            .models
-            .iter()
-            .any(|x| crate::config::normalize_model(x) == m)
+        self.spec.models.iter().any(|x| crate::config::normalize_model(x) == m)
     }
 }
 
@@ -150,9 +144,7 @@ pub struct SimNode {
 
 impl std::fmt::Debug for SimNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimNode")
-            .field("addr", &self.shared.addr)
-            .finish()
+        f.debug_struct("SimNode").field("addr", &self.shared.addr).finish()
     }
 }
 
@@ -213,11 +205,7 @@ impl SimNode {
     }
 
     pub fn received(&self) -> Vec<Received> {
-        self.shared
-            .received
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.shared.received.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Requests received on `path` (exact match).
@@ -227,10 +215,7 @@ impl SimNode {
 
     /// Inference requests received (chat, generate, embeddings, `/v1/*`).
     pub fn inference_count(&self) -> usize {
-        self.received()
-            .iter()
-            .filter(|r| api::is_inference(&r.path))
-            .count()
+        self.received().iter().filter(|r| api::is_inference(&r.path)).count()
     }
 
     /// Streams the client abandoned before the end.
@@ -280,12 +265,7 @@ fn serve(shared: &Arc<Shared>, listener: TcpListener) {
 }
 
 fn stop(shared: &Shared) {
-    if let Some(h) = shared
-        .server
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
+    if let Some(h) = shared.server.lock().unwrap_or_else(|p| p.into_inner()).take() {
         h.abort();
         tracing::info!(addr = %shared.addr, "simulated node stopped");
     }
@@ -303,13 +283,8 @@ async fn restart(shared: &Arc<Shared>) -> std::io::Result<()> {
 pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
-        let port = if base_port == 0 {
-            0
-        } else {
-            base_port + i as u16
-        };
-        nodes
-            .push(SimNode::start_on(SocketAddr::from(([127, 0, 0, 1], port)), spec.clone()).await?);
+        let port = if base_port == 0 { 0 } else { base_port + i as u16 };
+        nodes.push(SimNode::start_on(SocketAddr::from(([127, 0, 0, 1], port)), spec.clone()).await?);
     }
     Ok(nodes)
 }
@@ -359,10 +334,7 @@ mod tests {
     #[test]
     fn script_is_consumed_in_order() {
         let mut f = Faults::statuses(500, 2);
-        f.script.push_back(ScriptStep {
-            status: 503,
-            times: 1,
-        });
+        f.script.push_back(ScriptStep { status: 503, times: 1 });
         assert_eq!(f.next_status(), Some(500));
         assert_eq!(f.next_status(), Some(500));
         assert_eq!(f.next_status(), Some(503));
@@ -371,15 +343,10 @@ mod tests {
 
     #[test]
     fn faults_parse_from_control_json() {
-        let f: Faults = serde_json::from_str(
-            r#"{"script":[{"status":500,"times":3}],"ttft_ms":200,"cut_after":5}"#,
-        )
-        .expect("documented control body parses");
+        let f: Faults = serde_json::from_str(r#"{"script":[{"status":500,"times":3}],"ttft_ms":200,"cut_after":5}"#)
+            .expect("documented control body parses");
         assert_eq!(f.script[0].times, 3);
         assert_eq!(f.cut_after, Some(5));
-        assert!(
-            serde_json::from_str::<Faults>(r#"{"cut_afterr":5}"#).is_err(),
-            "typos are rejected"
-        );
+        assert!(serde_json::from_str::<Faults>(r#"{"cut_afterr":5}"#).is_err(), "typos are rejected");
     }
 }

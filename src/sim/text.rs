@@ -2,12 +2,11 @@
 //! gives the same words, so tests can compare answers across nodes and runs.
 
 const WORDS: &[&str] = &[
-    "the", "cluster", "answers", "quickly", "while", "every", "node", "keeps", "its", "model",
-    "warm", "and", "ready", "a", "request", "flows", "through", "corral", "to", "one", "of",
-    "many", "machines", "that", "share", "load", "fairly", "tokens", "stream", "back", "as",
-    "soon", "they", "exist", "llamas", "graze", "in", "quiet", "fields", "under", "bright", "sky",
-    "with", "patience", "latency", "stays", "low", "when", "work", "spreads", "evenly", "across",
-    "gpus", "so", "nobody", "waits", "long", "for", "an", "answer", "here", "today",
+    "the", "cluster", "answers", "quickly", "while", "every", "node", "keeps", "its", "model", "warm", "and", "ready",
+    "a", "request", "flows", "through", "corral", "to", "one", "of", "many", "machines", "that", "share", "load",
+    "fairly", "tokens", "stream", "back", "as", "soon", "they", "exist", "llamas", "graze", "in", "quiet", "fields",
+    "under", "bright", "sky", "with", "patience", "latency", "stays", "low", "when", "work", "spreads", "evenly",
+    "across", "gpus", "so", "nobody", "waits", "long", "for", "an", "answer", "here", "today",
 ];
 
 /// SplitMix64: tiny, fast, good enough for filler text and vectors.
@@ -68,22 +67,14 @@ pub fn complete(seed: u64, num_predict: Option<i64>) -> Completion {
             }
         })
         .collect();
-    Completion {
-        tokens,
-        done_reason,
-    }
+    Completion { tokens, done_reason }
 }
 
 /// A deterministic unit vector for an input text.
 pub fn embedding(model: &str, input: &str, dims: usize) -> Vec<f32> {
     let mut rng = SplitMix::new(hash(&[model, input]));
     let v: Vec<f32> = (0..dims).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
-    let norm = v
-        .iter()
-        .map(|x| x * x)
-        .sum::<f32>()
-        .sqrt()
-        .max(f32::EPSILON);
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::EPSILON);
     v.into_iter().map(|x| x / norm).collect()
 }
 
