@@ -1,0 +1,260 @@
+//! The `corral` binary as a user runs it: real processes, real signals, real loopback.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_corral");
+
+/// A child process whose output lines are collected on a channel; killed on drop.
+struct Proc {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(args: &[&str]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("CORRAL_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("corral runs");
+        let (tx, lines) = mpsc::channel();
+        for out in [
+            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child.stderr.take().map(|s| Box::new(s) as _),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Proc { child, lines }
+    }
+
+    /// The first line containing `needle`, within 30 s.
+    fn wait_for(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => continue,
+                Err(e) => panic!("no line containing {needle:?}: {e}"),
+            }
+        }
+    }
+
+    /// The `http://127.0.0.1:PORT` in the first line containing `needle`.
+    fn url(&self, needle: &str) -> String {
+        let line = self.wait_for(needle);
+        let start = line.find("http://").unwrap_or_else(|| panic!("no URL in {line:?}"));
+        line[start..].split_whitespace().next().unwrap_or_default().to_string()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().expect("kill runs").success();
+        assert!(ok, "signal {sig} delivered");
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).env("NO_COLOR", "1").output().expect("corral runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("corral-cli-{}-{}", std::process::id(), name));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("corral.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+fn config_for(nodes: &[String]) -> String {
+    let mut text = String::from("[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 200\n\n");
+    for (i, url) in nodes.iter().enumerate() {
+        text += &format!("[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n");
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_spreads_load_and_survives_a_sigkilled_node() {
+    let sims: Vec<Proc> =
+        (0..3).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "50"])).collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let cfg = temp_file("kill", &config_for(&urls));
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    let chat = |stream: bool| {
+        let client = client.clone();
+        let url = format!("{base}/api/chat");
+        async move {
+            client
+                .post(url)
+                .json(&json!({"model": "llama3.2", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+        }
+    };
+
+    let burst = futures_util::future::join_all((0..24).map(|i| chat(i % 2 == 0))).await;
+    let mut served_by = std::collections::BTreeMap::new();
+    for r in burst {
+        let r = r.expect("answer");
+        assert_eq!(r.status(), 200);
+        let node = r.headers()["x-corral-node"].to_str().unwrap_or_default().to_string();
+        *served_by.entry(node).or_insert(0) += 1;
+        r.bytes().await.expect("whole body");
+    }
+    assert!(served_by.len() >= 2, "concurrent load spreads over at least two nodes: {served_by:?}");
+
+    let mut sims = sims;
+    let victim = &mut sims[0];
+    victim.child.kill().expect("SIGKILL");
+    victim.child.wait().expect("reaped");
+
+    let mut ok = 0;
+    for i in 0..20 {
+        let r = chat(i % 2 == 1).await.expect("answer");
+        let status = r.status();
+        let node = r.headers().get("x-corral-node").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        let text = r.text().await.expect("body");
+        assert_eq!(status, 200, "request {i} after the kill: {text}");
+        assert_ne!(node, "gpu0", "the dead node served nothing");
+        assert!(text.contains("\"done\":true"), "complete answer: {text}");
+        ok += 1;
+    }
+    assert_eq!(ok, 20);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_a_running_stream_then_exits_zero() {
+    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "20", "--ttft-ms", "0"]);
+    let url = sim.url("simulated Ollama node on");
+    let cfg = temp_file("drain", &config_for(&[url]));
+    let mut serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let r = reqwest::Client::new()
+        .post(format!("{base}/api/generate"))
+        .json(&json!({"model": "llama3.2", "prompt": "tell me", "options": {"seed": 3}}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    serve.signal("-TERM");
+    let text = r.text().await.expect("the stream finishes during the drain");
+    let last: Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("json line");
+    assert_eq!(last["done"], true);
+    assert_eq!(serve.wait_exit(Duration::from_secs(30)), Some(0), "clean exit after draining");
+}
+
+#[test]
+fn config_check_reports_every_problem_with_its_line_and_exits_2() {
+    let bad = temp_file("bad", "[[nodes]]\nname = \"GPU 0\"\nurl = \"ftp://x\"\nweight = 0\n\n[[categories]]\nname = \"default\"\npolicy = \"fastest\"\n");
+    let (code, _, err) = run(&["config", "check", bad.to_str().unwrap_or_default()]);
+    assert_eq!(code, 2, "{err}");
+    for want in ["line 2", "nodes[0].name", "line 3", "nodes[0].url", "line 4", "nodes[0].weight", "line 8", "fastest"]
+    {
+        assert!(err.contains(want), "{want:?} missing from:\n{err}");
+    }
+    let good = temp_file("good", "[[nodes]]\nname = \"gpu0\"\nurl = \"http://127.0.0.1:11434\"\n");
+    let (code, out, _) = run(&["config", "check", good.to_str().unwrap_or_default(), "--verbose"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("ok") && out.contains("[[categories]]"), "verbose prints the effective config:\n{out}");
+    let (code, _, err) = run(&["config", "check", "/nonexistent/corral.toml"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot read"), "{err}");
+}
+
+#[test]
+fn serve_refuses_a_broken_config_with_exit_2() {
+    let bad = temp_file("serve-bad", "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\nwieght = 2\n");
+    let (code, _, err) = run(&["serve", "--config", bad.to_str().unwrap_or_default()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("wieght") && err.contains("line 4"), "{err}");
+}
+
+#[test]
+fn serve_fails_clearly_when_its_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let cfg = temp_file("taken", &format!("[[listeners]]\naddr = \"{addr}\"\n"));
+    let (code, _, err) = run(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    assert_eq!(code, 1);
+    assert!(err.contains(&addr.to_string()) && err.contains("cannot listen"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_names_every_command() {
+    let (code, _, _) = run(&["serve", "--no-such-flag"]);
+    assert_eq!(code, 2);
+    let (code, out, _) = run(&["help"]);
+    assert_eq!(code, 0);
+    for cmd in ["serve", "demo", "sim", "config"] {
+        assert!(out.contains(cmd), "help lists {cmd}:\n{out}");
+    }
+    let (code, out, _) = run(&["help", "sim"]);
+    assert_eq!(code, 0);
+    for flag in ["--port", "--models", "--tps", "--ttft-ms", "--parallel", "--nodes"] {
+        assert!(out.contains(flag), "help sim names {flag}:\n{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn demo_starts_and_serves() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let demo = Proc::spawn(&["demo", "--port", &port.to_string()]);
+    let base = demo.url("Ollama API:");
+    let tags: Value = reqwest::get(format!("{base}/api/tags")).await.expect("answer").json().await.expect("json");
+    assert!(tags["models"].as_array().is_some_and(|m| m.len() >= 3), "{tags}");
+    let r = reqwest::Client::new()
+        .post(format!("{base}/api/generate"))
+        .json(&json!({"model": "qwen2.5:7b", "prompt": "hi", "stream": false, "options": {"num_predict": 3}}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    let node = r.headers()["x-corral-node"].to_str().unwrap_or_default().to_string();
+    assert!(node == "sim-a" || node == "sim-c", "only nodes with qwen2.5 serve it, got {node}");
+}
