@@ -1,0 +1,71 @@
+"""Fixtures: a real `corral serve` in front of real `corral sim` nodes, and `corral demo`."""
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import threading
+import queue
+
+import pytest
+
+BIN = os.environ.get("CORRAL_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "corral")
+
+
+class Proc:
+    """A corral process whose output lines are collected; killed at teardown."""
+
+    def __init__(self, *args):
+        env = dict(os.environ, NO_COLOR="1", CORRAL_LOG="info")
+        self.p = subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for line in self.p.stdout:
+            self.lines.put(line)
+
+    def urls(self, needle, count=1, timeout=30):
+        found = []
+        while len(found) < count:
+            line = self.lines.get(timeout=timeout)
+            if needle in line:
+                found.append(re.search(r"http://[0-9.:]+", line).group(0))
+        return found
+
+    def stop(self):
+        self.p.kill()
+        self.p.wait()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sims():
+    proc = Proc("sim", "--nodes", "3", "--port", "0", "--tps", "0", "--ttft-ms", "5")
+    urls = proc.urls("simulated Ollama node on", count=3)
+    yield urls
+    proc.stop()
+
+
+@pytest.fixture(scope="module", params=["serve", "demo"])
+def corral(request, sims):
+    """Base URL of a running broker: `corral serve` over three sims, or `corral demo`."""
+    if request.param == "serve":
+        cfg = "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n"
+        for i, url in enumerate(sims):
+            cfg += f"[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n"
+        path = os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "corral.toml")
+        with open(path, "w") as f:
+            f.write(cfg)
+        proc = Proc("serve", "--config", path)
+        (url,) = proc.urls("serving the Ollama API on")
+    else:
+        proc = Proc("demo", "--port", str(free_port()))
+        (url,) = proc.urls("Ollama API:")
+    yield url
+    proc.stop()

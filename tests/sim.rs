@@ -1,0 +1,122 @@
+//! The simulated node on its own: wire format and the live control endpoint.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, ndjson};
+use corral::sim::{SimNode, SimSpec};
+use serde_json::{json, Value};
+
+async fn node() -> (SimNode, reqwest::Client) {
+    (SimNode::start(SimSpec::default()).await.expect("starts"), reqwest::Client::new())
+}
+
+#[tokio::test]
+async fn control_endpoint_scripts_statuses_then_recovers() {
+    let (sim, c) = node().await;
+    let r = c
+        .post(format!("{}/_sim/faults", sim.url()))
+        .json(&json!({"script": [{"status": 500, "times": 2}]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 204);
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        let r = c
+            .post(format!("{}/api/generate", sim.url()))
+            .json(&json!({"model": "llama3.2", "prompt": "x", "stream": false}))
+            .send()
+            .await
+            .expect("answer");
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, vec![500, 500, 200], "2 x 500 then ok");
+    let received: Vec<Value> =
+        c.get(format!("{}/_sim/received", sim.url())).send().await.expect("answer").json().await.expect("json");
+    assert_eq!(received.len(), 3, "control requests are not recorded");
+    assert_eq!(received[0]["model"], "llama3.2");
+    let r = c.post(format!("{}/_sim/faults", sim.url())).json(&json!({"cut_aftr": 1})).send().await.expect("answer");
+    assert_eq!(r.status(), 400, "a typo in a fault is refused, not ignored");
+}
+
+#[tokio::test]
+async fn down_for_stops_listening_then_comes_back() {
+    let (sim, c) = node().await;
+    let r = c.post(format!("{}/_sim/down", sim.url())).json(&json!({"for_ms": 300})).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    assert!(
+        eventually(Duration::from_secs(5), || std::net::TcpStream::connect(sim.addr()).is_err()).await,
+        "the port stops accepting"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || std::net::TcpStream::connect(sim.addr()).is_ok()).await,
+        "and comes back"
+    );
+    let r = reqwest::Client::new().get(format!("{}/api/version", sim.url())).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn flapping_alternates_every_n_probes() {
+    let (sim, c) = node().await;
+    sim.update_faults(|f| f.flap_every = Some(2));
+    let mut probes = Vec::new();
+    for _ in 0..6 {
+        probes.push(c.get(format!("{}/api/version", sim.url())).send().await.expect("answer").status().as_u16());
+    }
+    assert_eq!(probes, vec![200, 200, 500, 500, 200, 200]);
+}
+
+#[tokio::test]
+async fn unknown_model_and_missing_model_are_worded_like_ollama() {
+    let (sim, c) = node().await;
+    let r = c.post(format!("{}/api/chat", sim.url())).json(&json!({"model": "x"})).send().await.expect("answer");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"], "model \"x\" not found, try pulling it first");
+    let r = c.post(format!("{}/api/chat", sim.url())).json(&json!({})).send().await.expect("answer");
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"], "model is required");
+    let r =
+        c.post(format!("{}/v1/chat/completions", sim.url())).json(&json!({"model": "x"})).send().await.expect("answer");
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "not_found_error");
+}
+
+#[tokio::test]
+async fn generate_stream_has_ollama_final_chunk() {
+    let (sim, c) = node().await;
+    let r = c
+        .post(format!("{}/api/generate", sim.url()))
+        .json(&json!({"model": "llama3.2", "prompt": "hi", "options": {"num_predict": 3}}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let lines = ndjson(&r.text().await.expect("body"));
+    assert_eq!(lines.len(), 4, "three tokens and the final chunk");
+    let last = &lines[3];
+    assert_eq!(last["done"], true);
+    assert_eq!(last["done_reason"], "length");
+    assert_eq!(last["eval_count"], 3);
+    assert!(last["context"].is_array());
+    assert!(lines.iter().all(|l| l["created_at"].as_str().is_some_and(|t| t.ends_with('Z'))));
+}
+
+#[tokio::test]
+async fn v1_stream_includes_usage_when_asked() {
+    let (sim, c) = node().await;
+    let r = c
+        .post(format!("{}/v1/chat/completions", sim.url()))
+        .json(&json!({"model": "llama3.2", "stream": true, "max_tokens": 2, "stream_options": {"include_usage": true}, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("answer");
+    let text = r.text().await.expect("body");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"));
+    let usage: Value =
+        serde_json::from_str(events[events.len() - 2].trim_start_matches("data: ")).expect("usage chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], 2);
+    assert_eq!(usage["choices"], json!([]));
+}
