@@ -39,6 +39,19 @@ impl StartError {
     }
 }
 
+/// Node tunables from the `[breaker]` and `[health]` sections.
+pub fn tuning(config: &Config) -> crate::node::NodeTuning {
+    crate::node::NodeTuning {
+        breaker: crate::breaker::BreakerPolicy {
+            failures_to_open: config.breaker.failures_to_open,
+            cooldown: std::time::Duration::from_millis(config.breaker.cooldown_ms),
+            trial_requests: config.breaker.trial_requests,
+        },
+        slow_start: std::time::Duration::from_millis(config.health.slow_start_ms),
+        latency_decay: std::time::Duration::from_secs(10),
+    }
+}
+
 /// Knobs for tests and the demo that are not part of the config file.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
@@ -70,8 +83,8 @@ impl Broker {
                     .collect(),
             }));
         }
-        let config = Arc::new(config);
-        let registry = Arc::new(Registry::new(&config.nodes).map_err(|e| StartError::Client(e.to_string()))?);
+        let registry =
+            Arc::new(Registry::new(&config.nodes, tuning(&config)).map_err(|e| StartError::Client(e.to_string()))?);
         let client = reqwest::Client::builder()
             .connect_timeout(config.proxy.connect_timeout())
             .tcp_nodelay(true)
@@ -89,13 +102,9 @@ impl Broker {
 
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let shared = Arc::new(proxy::Shared::new(
-            Arc::clone(&config),
-            Arc::clone(&registry),
-            client.clone(),
-            cancel.clone(),
-            options.seed,
-        ));
+        let health = config.health.clone();
+        let shared =
+            Arc::new(proxy::Shared::new(config, Arc::clone(&registry), client.clone(), cancel.clone(), options.seed));
 
         let mut proxy_addrs = Vec::new();
         for (listener, lc) in bound {
@@ -111,14 +120,8 @@ impl Broker {
                 }
             });
         }
-        for node in registry.all() {
-            tracker.spawn(crate::health::watch(
-                Arc::clone(node),
-                client.clone(),
-                config.health.clone(),
-                cancel.clone(),
-            ));
-        }
+        tracker.spawn(crate::health::run(Arc::clone(&registry), client.clone(), health, cancel.clone()));
+        tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
         Ok(Self { shared, proxy_addrs, cancel, tracker })
     }
 
@@ -135,8 +138,18 @@ impl Broker {
         &self.shared.registry
     }
 
-    pub fn config(&self) -> &Config {
-        &self.shared.config
+    pub fn config(&self) -> Arc<Config> {
+        self.shared.config()
+    }
+
+    /// The state shared with the proxy (for the admin API and tests).
+    pub fn shared(&self) -> &Arc<proxy::Shared> {
+        &self.shared
+    }
+
+    /// Requests waiting in the broker's queue right now.
+    pub fn queue_depth(&self) -> usize {
+        self.shared.admission.depth()
     }
 
     /// Stop accepting, let in-flight requests finish (bounded), stop the probes.
@@ -145,7 +158,7 @@ impl Broker {
         tracing::info!(in_flight, "shutting down: no new connections, draining in-flight requests");
         self.cancel.cancel();
         self.tracker.close();
-        let drain = self.shared.config.proxy.drain_timeout();
+        let drain = self.shared.config().proxy.drain_timeout();
         if tokio::time::timeout(drain, self.tracker.wait()).await.is_err() {
             let left: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
             tracing::warn!(left, drain_ms = drain.as_millis() as u64, "drain timeout passed; dropping what is left");

@@ -28,7 +28,9 @@ pub struct Config {
     pub providers: Vec<ProviderConfig>,
     pub proxy: ProxyConfig,
     pub health: HealthConfig,
+    pub breaker: BreakerConfig,
     pub retry: RetryConfig,
+    pub queue: QueueConfig,
 }
 
 impl Default for Config {
@@ -41,7 +43,9 @@ impl Default for Config {
             providers: Vec::new(),
             proxy: ProxyConfig::default(),
             health: HealthConfig::default(),
+            breaker: BreakerConfig::default(),
             retry: RetryConfig::default(),
+            queue: QueueConfig::default(),
         }
     }
 }
@@ -127,9 +131,15 @@ pub enum Policy {
 }
 
 impl Policy {
-    /// Policies this build implements; the rest are named in the contract and land with the
-    /// routing work. Config check refuses the others rather than silently substituting one.
-    pub const IMPLEMENTED: [Policy; 2] = [Policy::RoundRobin, Policy::LeastConnections];
+    pub const ALL: [Policy; 7] = [
+        Policy::RoundRobin,
+        Policy::Weighted,
+        Policy::LeastConnections,
+        Policy::LeastLatency,
+        Policy::P2c,
+        Policy::Priority,
+        Policy::Sticky,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -163,6 +173,11 @@ pub struct CategoryConfig {
     pub providers: Vec<String>,
     pub redact: bool,
     pub models: Vec<String>,
+    /// Prefer nodes that have the model loaded entirely in VRAM (`/api/ps`).
+    pub affinity: bool,
+    /// For `policy = "priority"`: node names, most preferred first; unlisted nodes follow in
+    /// config order.
+    pub order: Vec<String>,
 }
 
 impl Default for CategoryConfig {
@@ -176,6 +191,8 @@ impl Default for CategoryConfig {
             providers: Vec::new(),
             redact: false,
             models: Vec::new(),
+            affinity: true,
+            order: Vec::new(),
         }
     }
 }
@@ -203,6 +220,11 @@ pub struct ProxyConfig {
     pub idle_timeout_ms: u64,
     /// How long `serve` lets in-flight requests finish after SIGINT/SIGTERM.
     pub drain_timeout_ms: u64,
+    /// Context window assumed when neither the request (`options.num_ctx`) nor a node's
+    /// `/api/ps` says otherwise (Ollama's own default).
+    pub default_num_ctx: u64,
+    /// Refuse prompts that cannot fit the context instead of letting Ollama truncate them.
+    pub context_guard: bool,
 }
 
 impl Default for ProxyConfig {
@@ -213,6 +235,8 @@ impl Default for ProxyConfig {
             first_byte_timeout_ms: 300_000,
             idle_timeout_ms: 120_000,
             drain_timeout_ms: 30_000,
+            default_num_ctx: 4096,
+            context_guard: true,
         }
     }
 }
@@ -229,8 +253,15 @@ pub struct HealthConfig {
     pub successes_to_up: u32,
     /// Deep probe (`/api/tags`, `/api/ps`) period: which models each node has and has loaded.
     pub deep_interval_ms: u64,
-    /// Consecutive failed real requests (5xx, timeouts) that take a node down between probes.
-    pub passive_failures_to_down: u32,
+    /// After a node comes back, its share of traffic ramps from 10% to 100% over this long.
+    pub slow_start_ms: u64,
+    /// Optional readiness probe: a 1-token generate on this model. Off by default: it loads
+    /// the model and resets its keep-alive, pinning VRAM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readiness_model: Option<String>,
+    /// Models to preload (`/api/generate` with only `model` and `keep_alive`) when a node
+    /// joins or comes back, before it takes traffic.
+    pub warm_models: Vec<String>,
 }
 
 impl Default for HealthConfig {
@@ -241,8 +272,44 @@ impl Default for HealthConfig {
             failures_to_down: 2,
             successes_to_up: 2,
             deep_interval_ms: 10_000,
-            passive_failures_to_down: 3,
+            slow_start_ms: 30_000,
+            readiness_model: None,
+            warm_models: Vec::new(),
         }
+    }
+}
+
+/// Per-node circuit breaker, fed by the outcome of every request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failures (5xx, timeouts, broken streams) that open the breaker.
+    pub failures_to_open: u32,
+    /// How long an open breaker keeps the node out before a trial request.
+    pub cooldown_ms: u64,
+    /// Successful trials in a row that close it again.
+    pub trial_requests: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self { failures_to_open: 5, cooldown_ms: 10_000, trial_requests: 2 }
+    }
+}
+
+/// The broker's own queue for requests waiting for a free node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Most requests waiting at once; past it, 429.
+    pub max_requests: usize,
+    /// Most request-body bytes waiting at once; past it, 429.
+    pub max_bytes: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024 }
     }
 }
 
@@ -254,11 +321,15 @@ pub struct RetryConfig {
     /// Full-jitter exponential backoff: attempt n sleeps uniform(0, min(cap, base * 2^n)).
     pub backoff_base_ms: u64,
     pub backoff_cap_ms: u64,
+    /// Retry budget: retries may be at most this share of recent requests ...
+    pub budget_ratio: f64,
+    /// ... plus this many per second, so a quiet broker can still retry.
+    pub budget_min_per_sec: u32,
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        Self { max_attempts: 3, backoff_base_ms: 25, backoff_cap_ms: 1_000 }
+        Self { max_attempts: 3, backoff_base_ms: 25, backoff_cap_ms: 1_000, budget_ratio: 0.2, budget_min_per_sec: 10 }
     }
 }
 
@@ -361,12 +432,14 @@ impl Config {
                 "admin" => section(&locator, path, value, &mut problems, &mut config.admin),
                 "proxy" => section(&locator, path, value, &mut problems, &mut config.proxy),
                 "health" => section(&locator, path, value, &mut problems, &mut config.health),
+                "breaker" => section(&locator, path, value, &mut problems, &mut config.breaker),
                 "retry" => section(&locator, path, value, &mut problems, &mut config.retry),
+                "queue" => section(&locator, path, value, &mut problems, &mut config.queue),
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
                     message:
-                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, retry"
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue"
                             .into(),
                 }),
             }
@@ -463,6 +536,12 @@ impl Config {
             if n.max_concurrency == 0 {
                 push(format!("nodes[{i}].max_concurrency"), "must be at least 1".into());
             }
+            if n.url.starts_with("https://") {
+                push(
+                    format!("nodes[{i}].url"),
+                    "https:// nodes are not supported by this build yet; use http://".into(),
+                );
+            }
             if n.kind == NodeKind::Openai {
                 push(
                     format!("nodes[{i}].kind"),
@@ -478,16 +557,10 @@ impl Config {
             } else if !cats.insert(c.name.as_str()) {
                 push(format!("categories[{i}].name"), format!("\"{}\" is used by an earlier category", c.name));
             }
-            if !Policy::IMPLEMENTED.contains(&c.policy) {
-                let known: Vec<_> = Policy::IMPLEMENTED.iter().map(|p| p.name()).collect();
-                push(
-                    format!("categories[{i}].policy"),
-                    format!(
-                        "policy \"{}\" is not implemented in this build yet; use one of: {}",
-                        c.policy.name(),
-                        known.join(", ")
-                    ),
-                );
+            for (j, o) in c.order.iter().enumerate() {
+                if !self.nodes.iter().any(|n| &n.name == o) {
+                    push(format!("categories[{i}].order[{j}]"), format!("no node named \"{o}\""));
+                }
             }
             if c.queue_timeout_ms == 0 {
                 push(format!("categories[{i}].queue_timeout_ms"), "must be greater than 0".into());
@@ -529,12 +602,19 @@ impl Config {
             ("health.deep_interval_ms", self.health.deep_interval_ms),
             ("health.failures_to_down", u64::from(self.health.failures_to_down)),
             ("health.successes_to_up", u64::from(self.health.successes_to_up)),
-            ("health.passive_failures_to_down", u64::from(self.health.passive_failures_to_down)),
+            ("breaker.failures_to_open", u64::from(self.breaker.failures_to_open)),
+            ("breaker.trial_requests", u64::from(self.breaker.trial_requests)),
+            ("queue.max_requests", self.queue.max_requests as u64),
+            ("queue.max_bytes", self.queue.max_bytes as u64),
+            ("proxy.default_num_ctx", self.proxy.default_num_ctx),
             ("retry.max_attempts", u64::from(self.retry.max_attempts)),
         ] {
             if v == 0 {
                 push(field.into(), "must be greater than 0".into());
             }
+        }
+        if !(0.0..=1.0).contains(&self.retry.budget_ratio) {
+            push("retry.budget_ratio".into(), "must be between 0 and 1".into());
         }
         if self.retry.backoff_cap_ms < self.retry.backoff_base_ms {
             push("retry.backoff_cap_ms".into(), "must not be smaller than retry.backoff_base_ms".into());

@@ -41,6 +41,10 @@ pub enum BrokerError {
     NoHealthyNode { model: String },
     #[error("no node could be reached for this request ({detail})")]
     NoNodeReachable { detail: String },
+    #[error("the broker's queue is full ({depth} requests, {bytes} bytes waiting); try again shortly")]
+    QueueFull { depth: usize, bytes: usize },
+    #[error("the prompt is about {estimated} tokens but the model runs with a context of {limit} tokens; shorten it or raise options.num_ctx")]
+    ContextTooLong { estimated: u64, limit: u64 },
     #[error("every node able to serve this request is busy (waited {waited_ms} ms)")]
     QueueTimeout { waited_ms: u64 },
     #[error("every node answered \"server busy\"; try again shortly")]
@@ -69,6 +73,8 @@ impl BrokerError {
             Self::NoHealthyNode { .. } => "no_healthy_node",
             Self::NoNodeReachable { .. } => "no_node_reachable",
             Self::QueueTimeout { .. } => "queue_timeout",
+            Self::QueueFull { .. } => "queue_full",
+            Self::ContextTooLong { .. } => "context_too_long",
             Self::ClusterBusy => "cluster_busy",
             Self::ShuttingDown => "shutting_down",
             Self::UpstreamFailed { .. } => "upstream_failed",
@@ -83,7 +89,9 @@ impl BrokerError {
             | Self::MissingModel
             | Self::UnknownCategory { .. }
             | Self::BadHeader { .. }
-            | Self::BodyRead(_) => StatusCode::BAD_REQUEST,
+            | Self::BodyRead(_)
+            | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
+            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyNode { .. }
@@ -97,6 +105,9 @@ impl BrokerError {
     }
 
     pub fn side(&self) -> Side {
+        if matches!(self, Self::QueueFull { .. }) {
+            return Side::Broker;
+        }
         match self.status().as_u16() {
             400..=499 => Side::Client,
             502 | 504 => Side::Node,
@@ -159,6 +170,8 @@ mod tests {
             BrokerError::NoHealthyNode { model: String::new() },
             BrokerError::NoNodeReachable { detail: String::new() },
             BrokerError::QueueTimeout { waited_ms: 0 },
+            BrokerError::QueueFull { depth: 0, bytes: 0 },
+            BrokerError::ContextTooLong { estimated: 0, limit: 0 },
             BrokerError::ClusterBusy,
             BrokerError::ShuttingDown,
             BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },

@@ -4,12 +4,16 @@
 //! parse arguments, set up tracing, start a [`broker::Broker`] and translate lifecycle events.
 //! See DESIGN.md for the request path; each module's doc says what its concept is.
 
+pub mod admit;
+pub mod breaker;
 pub mod broker;
 pub mod config;
 pub mod error;
+pub mod ewma;
 pub mod health;
 pub mod node;
 pub mod proxy;
+pub mod retry;
 pub mod route;
 pub mod sim;
 

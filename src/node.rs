@@ -1,28 +1,37 @@
 //! The node registry: each configured node's static facts plus its live state.
 //!
-//! Live state is written by two kinds of observers, the probes in `health` and the outcomes of
-//! real requests in `proxy`, and read on every request by `route`. Reads are lock-free (atomics
-//! and `ArcSwap` snapshots); no lock is ever held across an `.await`.
+//! Live state is written by the probes in `health`, by the outcomes of real requests in
+//! `proxy`, and by operators through the admin API; it is read on every request by `route` and
+//! `admit`. Reads are lock-free (atomics, `ArcSwap` snapshots) or take a short `Mutex` that is
+//! never held across an `.await`.
+//!
+//! A node's state is one of: `unknown` (not probed yet; routable, so a fresh broker serves at
+//! once), `healthy`, `unhealthy`, `recovering` (back after being down: its share ramps up over
+//! `slow_start` so it is not flooded), `draining` (operator: no new requests, in-flight ones
+//! finish) and `disabled`. The first four come from health, the last two from the operator.
 //!
 //! In-flight counting is a guard (`InFlight`) taken at dispatch and dropped when the answer's
-//! stream ends or is cancelled, so the count can never drift or go below zero. Dropping a guard
-//! wakes requests waiting for capacity.
+//! stream ends or is cancelled, so the count can never drift or go below zero. Dropping a
+//! guard wakes the admission queue.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
+use crate::breaker::{Breaker, BreakerPolicy, BreakerState, Permit};
 use crate::config::{normalize_model, NodeConfig};
+use crate::ewma::PeakEwma;
 
-/// Liveness as the broker believes it.
+/// Liveness as the probes and passive signals see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Health {
-    /// Not probed yet: optimistically routable, so a fresh broker serves at once.
     Unknown,
     Healthy,
     Unhealthy,
@@ -52,16 +61,76 @@ impl Health {
     }
 }
 
+/// What the operator asked of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admin {
+    Active,
+    Draining,
+    Disabled,
+}
+
+impl Admin {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Self::Draining,
+            2 => Self::Disabled,
+            _ => Self::Active,
+        }
+    }
+    fn as_u8(self) -> u8 {
+        match self {
+            Self::Active => 0,
+            Self::Draining => 1,
+            Self::Disabled => 2,
+        }
+    }
+}
+
+/// The one state a person sees for a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Unknown,
+    Healthy,
+    Unhealthy,
+    Recovering,
+    Draining,
+    Disabled,
+}
+
+impl NodeState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Healthy => "healthy",
+            Self::Unhealthy => "unhealthy",
+            Self::Recovering => "recovering",
+            Self::Draining => "draining",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
 /// A model a node reported as loaded in `/api/ps`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LoadedModel {
     pub name: String,
     pub size: u64,
     pub size_vram: u64,
+    pub context_length: Option<u64>,
+}
+
+impl LoadedModel {
+    /// Entirely in GPU memory: the fast case model affinity looks for.
+    pub fn fully_in_vram(&self) -> bool {
+        self.size > 0 && self.size_vram >= self.size
+    }
 }
 
 /// How one exchange with a node ended, judged once at the end of the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The node answered (any 2xx/4xx) and the body ended cleanly.
     Success,
@@ -85,48 +154,76 @@ impl Outcome {
     }
 }
 
+/// Tunables a node's live state needs; from the `[health]` and `[breaker]` sections.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeTuning {
+    pub breaker: BreakerPolicy,
+    pub slow_start: Duration,
+    pub latency_decay: Duration,
+}
+
+impl Default for NodeTuning {
+    fn default() -> Self {
+        Self {
+            breaker: BreakerPolicy { failures_to_open: 5, cooldown: Duration::from_secs(10), trial_requests: 2 },
+            slow_start: Duration::from_secs(30),
+            latency_decay: Duration::from_secs(10),
+        }
+    }
+}
+
 pub struct Node {
     pub config: NodeConfig,
     pub base_url: url::Url,
     health: AtomicU8,
-    enabled: AtomicBool,
+    admin: AtomicU8,
+    weight: AtomicU32,
+    max_concurrency: AtomicU32,
     in_flight: AtomicUsize,
     probe_successes: AtomicU32,
     probe_failures: AtomicU32,
-    passive_failures: AtomicU32,
+    /// When the node last came back from unhealthy: the start of its slow-start ramp.
+    returned_at: Mutex<Option<Instant>>,
+    slow_start: Duration,
+    breaker: Mutex<Breaker>,
+    ttfb: Mutex<PeakEwma>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
+    /// Context length per model, learned from `/api/ps` and `/api/show`.
+    context: ArcSwap<HashMap<String, u64>>,
     served: AtomicUsize,
-    capacity_freed: Arc<Notify>,
+    wake: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Node")
-            .field("name", &self.config.name)
-            .field("health", &self.health())
-            .field("in_flight", &self.in_flight())
-            .finish()
+        f.debug_struct("Node").field("name", &self.config.name).field("state", &self.state()).finish()
     }
 }
 
 impl Node {
-    pub fn new(config: NodeConfig, capacity_freed: Arc<Notify>) -> Result<Self, url::ParseError> {
+    pub fn new(config: NodeConfig, tuning: NodeTuning, wake: Arc<Notify>) -> Result<Self, url::ParseError> {
         let base_url = url::Url::parse(&config.url)?;
         Ok(Self {
-            enabled: AtomicBool::new(config.enabled),
+            admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
+            weight: AtomicU32::new(config.weight.max(1)),
+            max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
             config,
             base_url,
             health: AtomicU8::new(Health::Unknown.as_u8()),
             in_flight: AtomicUsize::new(0),
             probe_successes: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
-            passive_failures: AtomicU32::new(0),
+            returned_at: Mutex::new(None),
+            slow_start: tuning.slow_start,
+            breaker: Mutex::new(Breaker::new(tuning.breaker)),
+            ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
+            context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
-            capacity_freed,
+            wake,
         })
     }
 
@@ -138,12 +235,69 @@ impl Node {
         Health::from_u8(self.health.load(Ordering::Acquire))
     }
 
+    pub fn admin(&self) -> Admin {
+        Admin::from_u8(self.admin.load(Ordering::Acquire))
+    }
+
+    pub fn set_admin(&self, to: Admin) {
+        let from = Admin::from_u8(self.admin.swap(to.as_u8(), Ordering::AcqRel));
+        if from != to {
+            tracing::info!(node = %self.name(), from = ?from, to = ?to, "node admin state changed");
+            self.wake.notify_one();
+        }
+    }
+
     pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Acquire)
+        self.admin() != Admin::Disabled
     }
 
     pub fn set_enabled(&self, on: bool) {
-        self.enabled.store(on, Ordering::Release);
+        self.set_admin(if on { Admin::Active } else { Admin::Disabled });
+    }
+
+    pub fn weight(&self) -> u32 {
+        self.weight.load(Ordering::Acquire)
+    }
+
+    pub fn set_weight(&self, w: u32) {
+        self.weight.store(w.max(1), Ordering::Release);
+    }
+
+    pub fn max_concurrency(&self) -> usize {
+        self.max_concurrency.load(Ordering::Acquire) as usize
+    }
+
+    pub fn set_max_concurrency(&self, n: u32) {
+        self.max_concurrency.store(n.max(1), Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// The state a person sees.
+    pub fn state(&self) -> NodeState {
+        match self.admin() {
+            Admin::Disabled => return NodeState::Disabled,
+            Admin::Draining => return NodeState::Draining,
+            Admin::Active => {}
+        }
+        match self.health() {
+            Health::Unknown => NodeState::Unknown,
+            Health::Unhealthy => NodeState::Unhealthy,
+            Health::Healthy if self.slow_start_factor(Instant::now()) < 1.0 => NodeState::Recovering,
+            Health::Healthy => NodeState::Healthy,
+        }
+    }
+
+    /// Share of its normal traffic a recovering node may take: ramps linearly from 10% to
+    /// 100% over `slow_start` after it comes back (Envoy's slow start mode).
+    pub fn slow_start_factor(&self, now: Instant) -> f64 {
+        let returned = *lock(&self.returned_at);
+        match returned {
+            Some(at) if !self.slow_start.is_zero() => {
+                let ramp = now.saturating_duration_since(at).as_secs_f64() / self.slow_start.as_secs_f64();
+                ramp.clamp(0.1, 1.0)
+            }
+            _ => 1.0,
+        }
     }
 
     pub fn in_flight(&self) -> usize {
@@ -156,12 +310,29 @@ impl Node {
     }
 
     pub fn has_capacity(&self) -> bool {
-        self.in_flight() < self.config.max_concurrency as usize
+        self.in_flight() < self.max_concurrency()
     }
 
-    /// Routable at all: enabled and not known to be down.
+    /// Takes new requests at all: active and not known to be down.
     pub fn is_available(&self) -> bool {
-        self.enabled() && self.health() != Health::Unhealthy
+        self.admin() == Admin::Active && self.health() != Health::Unhealthy
+    }
+
+    pub fn breaker_state(&self) -> BreakerState {
+        lock(&self.breaker).state(Instant::now())
+    }
+
+    /// Whether the breaker would let a request through now.
+    pub fn breaker_allows(&self, now: Instant) -> bool {
+        lock(&self.breaker).would_allow(now)
+    }
+
+    pub fn ttfb_estimate(&self, now: Instant) -> Option<Duration> {
+        lock(&self.ttfb).estimate(now)
+    }
+
+    pub fn observe_ttfb(&self, sample: Duration) {
+        lock(&self.ttfb).observe(sample, Instant::now());
     }
 
     /// `Some(true/false)` once the node's model list is known; `None` before that.
@@ -177,36 +348,72 @@ impl Node {
     pub fn set_models(&self, names: impl IntoIterator<Item = String>) {
         let set: BTreeSet<String> = names.into_iter().map(|n| normalize_model(&n)).collect();
         self.models.store(Arc::new(Some(set)));
+        self.wake.notify_one();
     }
 
     pub fn loaded(&self) -> Arc<Vec<LoadedModel>> {
         self.loaded.load_full()
     }
 
+    /// Has `model` loaded entirely in VRAM (model affinity's test).
+    pub fn has_hot(&self, model: &str) -> bool {
+        let m = normalize_model(model);
+        self.loaded.load().iter().any(|l| normalize_model(&l.name) == m && l.fully_in_vram())
+    }
+
     pub fn set_loaded(&self, loaded: Vec<LoadedModel>) {
+        let learned: Vec<(String, u64)> =
+            loaded.iter().filter_map(|l| l.context_length.map(|c| (normalize_model(&l.name), c))).collect();
         self.loaded.store(Arc::new(loaded));
+        for (m, c) in learned {
+            self.learn_context(&m, c);
+        }
     }
 
-    /// Take a slot regardless of capacity. The returned guard gives it back when dropped.
-    pub fn dispatch(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight { node: Arc::clone(self) }
+    pub fn learn_context(&self, model: &str, length: u64) {
+        let mut next = HashMap::clone(&self.context.load());
+        next.insert(normalize_model(model), length);
+        self.context.store(Arc::new(next));
     }
 
-    /// Take a slot only if one is free under `max_concurrency` (atomically: two requests can
-    /// never both take the last slot).
-    pub fn try_dispatch(self: &Arc<Self>) -> Option<InFlight> {
-        let max = self.config.max_concurrency as usize;
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| InFlight { node: Arc::clone(self) })
+    pub fn context_length(&self, model: &str) -> Option<u64> {
+        self.context.load().get(&normalize_model(model)).copied()
+    }
+
+    /// Take a slot if the node has one under `max_concurrency` and its breaker lets the request
+    /// through (atomically: two requests can never both take the last slot). `force` skips the
+    /// breaker: the last node standing is never ejected.
+    pub fn try_dispatch(self: &Arc<Self>, force: bool) -> Option<InFlight> {
+        let max = self.max_concurrency();
+        let now = Instant::now();
+        let permit = {
+            let mut b = lock(&self.breaker);
+            if force {
+                b.acquire(now).unwrap_or_else(|| b.force())
+            } else {
+                b.acquire(now)?
+            }
+        };
+        match self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
+            Ok(_) => Some(InFlight { node: Arc::clone(self), permit, judged: false }),
+            Err(_) => {
+                // Give an unused trial back.
+                if permit == Permit::Trial {
+                    lock(&self.breaker).record(permit, Outcome::ClientGone, now);
+                }
+                None
+            }
+        }
     }
 
     fn set_health(&self, to: Health, reason: &str) {
         let from = Health::from_u8(self.health.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
+            if from == Health::Unhealthy && to == Health::Healthy {
+                *lock(&self.returned_at) = Some(Instant::now());
+            }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
+            self.wake.notify_one();
         }
     }
 
@@ -217,10 +424,7 @@ impl Node {
             let n = self.probe_successes.fetch_add(1, Ordering::AcqRel) + 1;
             match self.health() {
                 Health::Unknown => self.set_health(Health::Healthy, "first probe answered"),
-                Health::Unhealthy if n >= successes_to_up => {
-                    self.passive_failures.store(0, Ordering::Release);
-                    self.set_health(Health::Healthy, "probes answered again");
-                }
+                Health::Unhealthy if n >= successes_to_up => self.set_health(Health::Healthy, "probes answered again"),
                 _ => {}
             }
         } else {
@@ -232,99 +436,108 @@ impl Node {
         }
     }
 
-    /// Feed the outcome of a real request (passive health).
-    pub fn record_outcome(&self, outcome: Outcome, passive_failures_to_down: u32) {
-        match outcome {
-            Outcome::Success => {
-                self.served.fetch_add(1, Ordering::Relaxed);
-                self.passive_failures.store(0, Ordering::Release);
-            }
-            Outcome::Busy | Outcome::ClientGone => {}
-            Outcome::ConnectFailed => {
-                // A refused connection is certain: do not wait for the next probe.
-                self.probe_successes.store(0, Ordering::Release);
-                self.set_health(Health::Unhealthy, "connection refused on a request");
-            }
-            Outcome::Failed | Outcome::TimedOut | Outcome::StreamCut => {
-                let n = self.passive_failures.fetch_add(1, Ordering::AcqRel) + 1;
-                if n >= passive_failures_to_down && self.health() != Health::Unhealthy {
-                    self.probe_successes.store(0, Ordering::Release);
-                    self.set_health(Health::Unhealthy, "consecutive request failures");
-                }
-            }
+    /// Feed the judged outcome of a real exchange (passive health + breaker).
+    fn record_outcome(&self, permit: Permit, outcome: Outcome) {
+        if outcome == Outcome::Success {
+            self.served.fetch_add(1, Ordering::Relaxed);
+        }
+        if outcome == Outcome::ConnectFailed {
+            // A refused connection is certain: do not wait for the next probe.
+            self.probe_successes.store(0, Ordering::Release);
+            self.set_health(Health::Unhealthy, "connection refused on a request");
+        }
+        if let Some(state) = lock(&self.breaker).record(permit, outcome, Instant::now()) {
+            tracing::info!(node = %self.name(), breaker = state.name(), ?outcome, "breaker changed");
+            self.wake.notify_one();
         }
     }
 }
 
-/// One request's claim on a node's capacity.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One request's claim on a node's capacity (and, when half-open, its breaker trial).
 #[derive(Debug)]
 pub struct InFlight {
     node: Arc<Node>,
+    permit: Permit,
+    judged: bool,
 }
 
 impl InFlight {
     pub fn node(&self) -> &Arc<Node> {
         &self.node
     }
+
+    /// Judge the exchange once; the slot is freed when the guard drops.
+    pub fn judge(&mut self, outcome: Outcome) {
+        if !self.judged {
+            self.judged = true;
+            self.node.record_outcome(self.permit, outcome);
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        // An exchange dropped without a verdict ended because the client left.
+        self.judge(Outcome::ClientGone);
         self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.node.capacity_freed.notify_waiters();
+        self.node.wake.notify_one();
     }
 }
 
-/// All configured nodes, in config order.
+/// All configured nodes, in config order; nodes can be added and removed at runtime (a removed
+/// node's in-flight requests keep their `Arc` and finish).
 #[derive(Debug)]
 pub struct Registry {
-    nodes: Vec<Arc<Node>>,
-    capacity_freed: Arc<Notify>,
-    waiting: AtomicUsize,
+    nodes: ArcSwap<Vec<Arc<Node>>>,
+    wake: Arc<Notify>,
+    tuning: NodeTuning,
 }
 
 impl Registry {
-    pub fn new(configs: &[NodeConfig]) -> Result<Self, url::ParseError> {
-        let capacity_freed = Arc::new(Notify::new());
+    pub fn new(configs: &[NodeConfig], tuning: NodeTuning) -> Result<Self, url::ParseError> {
+        let wake = Arc::new(Notify::new());
         let nodes = configs
             .iter()
-            .map(|c| Node::new(c.clone(), Arc::clone(&capacity_freed)).map(Arc::new))
-            .collect::<Result<_, _>>()?;
-        Ok(Self { nodes, capacity_freed, waiting: AtomicUsize::new(0) })
+            .map(|c| Node::new(c.clone(), tuning, Arc::clone(&wake)).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning })
     }
 
-    pub fn all(&self) -> &[Arc<Node>] {
-        &self.nodes
+    /// A snapshot of the nodes.
+    pub fn all(&self) -> Arc<Vec<Arc<Node>>> {
+        self.nodes.load_full()
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<Node>> {
-        self.nodes.iter().find(|n| n.name() == name)
+    pub fn get(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.load().iter().find(|n| n.name() == name).cloned()
     }
 
-    /// Woken whenever any node frees a slot.
-    pub fn capacity_freed(&self) -> &Notify {
-        &self.capacity_freed
+    /// Add a node; the caller has validated the config (unique name, URL).
+    pub fn add(&self, config: NodeConfig) -> Result<Arc<Node>, url::ParseError> {
+        let node = Arc::new(Node::new(config, self.tuning, Arc::clone(&self.wake))?);
+        let mut next = Vec::clone(&self.nodes.load());
+        next.push(Arc::clone(&node));
+        self.nodes.store(Arc::new(next));
+        self.wake.notify_one();
+        Ok(node)
     }
 
-    /// Requests waiting for a free slot right now (the queue depth).
-    pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
+    /// Remove a node by name: it takes no new requests; in-flight ones finish.
+    pub fn remove(&self, name: &str) -> Option<Arc<Node>> {
+        let current = self.nodes.load();
+        let gone = current.iter().find(|n| n.name() == name).cloned()?;
+        let next: Vec<Arc<Node>> = current.iter().filter(|n| n.name() != name).cloned().collect();
+        self.nodes.store(Arc::new(next));
+        Some(gone)
     }
 
-    /// Count one request as waiting until the guard drops.
-    pub fn wait_guard(&self) -> Waiting<'_> {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        Waiting(self)
-    }
-}
-
-/// One request counted in the queue depth.
-#[derive(Debug)]
-pub struct Waiting<'a>(&'a Registry);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    /// Woken whenever a slot frees or a node's state changes.
+    pub fn wake(&self) -> &Arc<Notify> {
+        &self.wake
     }
 }
 
@@ -334,18 +547,27 @@ mod tests {
 
     fn node() -> Arc<Node> {
         let cfg = NodeConfig { name: "a".into(), url: "http://127.0.0.1:1".into(), ..NodeConfig::default() };
-        Arc::new(Node::new(cfg, Arc::new(Notify::new())).expect("valid url"))
+        Arc::new(Node::new(cfg, NodeTuning::default(), Arc::new(Notify::new())).expect("valid url"))
     }
 
     #[test]
     fn in_flight_guard_never_drifts() {
         let n = node();
-        let a = n.dispatch();
-        let b = n.dispatch();
+        let a = n.try_dispatch(false).expect("slot");
+        let b = n.try_dispatch(false).expect("slot");
         assert_eq!(n.in_flight(), 2);
         drop(a);
         drop(b);
         assert_eq!(n.in_flight(), 0);
+    }
+
+    #[test]
+    fn capacity_is_enforced_atomically() {
+        let n = node();
+        n.set_max_concurrency(2);
+        let _a = n.try_dispatch(false).expect("slot 1");
+        let _b = n.try_dispatch(false).expect("slot 2");
+        assert!(n.try_dispatch(false).is_none(), "no third slot");
     }
 
     #[test]
@@ -367,17 +589,57 @@ mod tests {
         assert_eq!(n.health(), Health::Healthy);
     }
 
-    #[test]
-    fn busy_and_client_gone_do_not_count_against_a_node() {
+    #[tokio::test(start_paused = true)]
+    async fn a_returning_node_ramps_up_over_slow_start() {
         let n = node();
-        for _ in 0..10 {
-            n.record_outcome(Outcome::Busy, 2);
-            n.record_outcome(Outcome::ClientGone, 2);
+        n.record_probe(true, 1, 1);
+        assert_eq!(n.state(), NodeState::Healthy, "a first appearance is not a return");
+        n.record_probe(false, 1, 1);
+        assert_eq!(n.state(), NodeState::Unhealthy);
+        n.record_probe(true, 1, 1);
+        assert_eq!(n.state(), NodeState::Recovering);
+        assert!((n.slow_start_factor(Instant::now()) - 0.1).abs() < 1e-9, "starts at the floor");
+        tokio::time::advance(Duration::from_secs(15)).await;
+        assert!((n.slow_start_factor(Instant::now()) - 0.5).abs() < 1e-6, "half way after half the ramp");
+        tokio::time::advance(Duration::from_secs(15)).await;
+        assert_eq!(n.state(), NodeState::Healthy);
+    }
+
+    #[test]
+    fn admin_states_override_health() {
+        let n = node();
+        n.record_probe(true, 1, 1);
+        n.set_admin(Admin::Draining);
+        assert_eq!(n.state(), NodeState::Draining);
+        assert!(!n.is_available(), "a draining node takes nothing new");
+        n.set_enabled(false);
+        assert_eq!(n.state(), NodeState::Disabled);
+        n.set_enabled(true);
+        assert_eq!(n.state(), NodeState::Healthy);
+    }
+
+    #[test]
+    fn an_unjudged_exchange_counts_as_client_gone() {
+        let n = node();
+        for _ in 0..20 {
+            drop(n.try_dispatch(false).expect("slot"));
         }
+        assert_eq!(n.breaker_state(), BreakerState::Closed);
         assert_ne!(n.health(), Health::Unhealthy);
-        n.record_outcome(Outcome::Failed, 2);
-        n.record_outcome(Outcome::Failed, 2);
-        assert_eq!(n.health(), Health::Unhealthy);
+    }
+
+    #[test]
+    fn failures_open_the_breaker_and_connect_errors_mark_it_down() {
+        let n = node();
+        for _ in 0..5 {
+            n.try_dispatch(false).expect("slot").judge(Outcome::Failed);
+        }
+        assert_eq!(n.breaker_state(), BreakerState::Open);
+        assert!(n.try_dispatch(false).is_none(), "an open breaker refuses");
+        assert!(n.try_dispatch(true).is_some(), "unless it is the last node standing");
+        let m = node();
+        m.try_dispatch(false).expect("slot").judge(Outcome::ConnectFailed);
+        assert_eq!(m.health(), Health::Unhealthy);
     }
 
     #[test]
@@ -387,5 +649,13 @@ mod tests {
         n.set_models(["llama3.2".to_string()]);
         assert_eq!(n.serves("llama3.2:latest"), Some(true));
         assert_eq!(n.serves("qwen"), Some(false));
+        n.set_loaded(vec![LoadedModel {
+            name: "llama3.2:latest".into(),
+            size: 10,
+            size_vram: 10,
+            context_length: Some(8192),
+        }]);
+        assert!(n.has_hot("llama3.2"));
+        assert_eq!(n.context_length("llama3.2"), Some(8192));
     }
 }

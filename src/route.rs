@@ -1,22 +1,38 @@
 //! Routing: which node gets a request.
 //!
-//! Two steps. `candidates` filters the registry down to nodes that may take this request at
-//! all (enabled, not down, serve the model, not already tried for it). A `Pick` policy then
-//! chooses one of them. Policies are tiny and stateless but for their own cursor; randomness
-//! comes from an injected, seedable RNG so tests are deterministic (tower's
-//! `Balance::from_rng`).
-//!
-//! - `round-robin`: a shared cursor modulo the candidate count.
-//! - `least-connections`: fewest in-flight requests; ties are broken at random, so a burst of
-//!   simultaneous requests spreads instead of piling onto the first node.
+//! Three steps, always in this order:
+//! 1. `candidates` filters the registry down to nodes that may take this request at all
+//!    (active, not down, serve the model, not already tried for it).
+//! 2. `Router::pick` narrows them: model affinity first (nodes whose `/api/ps` shows the model
+//!    loaded entirely in VRAM, unless the category turns it off), then slow start (a recovering
+//!    node stays in the running with probability equal to its ramp, 10% -> 100%).
+//! 3. The category's `Balance` policy chooses one. Policies are small types behind one tiny
+//!    trait; randomness comes from an injected, seedable RNG (tower's `Balance::from_rng`):
+//!    - `round-robin`: a shared cursor.
+//!    - `weighted`: smooth weighted round robin (nginx): every pick adds each node's weight to
+//!      its running score, takes the highest, and subtracts the total from the winner; a 3:1
+//!      split interleaves as a a b a, never a a a b.
+//!    - `least-connections`: fewest in-flight per unit of weight; ties broken at random, so a
+//!      burst does not pile onto the first node.
+//!    - `least-latency`: lowest peak-EWMA time to first byte; a node with no sample yet counts
+//!      as fastest, so it gets explored.
+//!    - `p2c`: power of two choices (Mitzenmacher; linkerd, tower): two distinct nodes at
+//!      random, the one with lower peak-EWMA x (in-flight + 1) wins. O(1), and no herd.
+//!    - `priority`: the first node in the category's `order` (else config order) that can
+//!      serve: an ordered failover list.
+//!    - `sticky`: consistent hashing of `X-Corral-Session` on a ring with 160 virtual nodes per
+//!      node, so a session keeps hitting the node that holds its KV cache, and a node leaving
+//!      moves only its own sessions. Without a session it picks at random.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
 
-use crate::config::Policy;
+use crate::config::{CategoryConfig, Policy};
 use crate::node::{Node, Registry};
 
 /// Why no candidate could be found.
@@ -24,7 +40,7 @@ use crate::node::{Node, Registry};
 pub enum NoCandidate {
     /// No configured node lists the model.
     UnknownModel,
-    /// Nodes that have the model exist, but none is enabled and up.
+    /// Nodes that have the model exist, but none is active and up.
     NoneAvailable,
     /// Every available node was already tried for this request.
     AllTried,
@@ -36,8 +52,8 @@ pub fn candidates(
     model: Option<&str>,
     tried: &[Arc<Node>],
 ) -> Result<Vec<Arc<Node>>, NoCandidate> {
-    let serving: Vec<&Arc<Node>> = registry
-        .all()
+    let all = registry.all();
+    let serving: Vec<&Arc<Node>> = all
         .iter()
         .filter(|n| match model {
             // A node whose model list is not known yet may have it.
@@ -64,128 +80,475 @@ pub fn candidates(
     }
 }
 
-/// A routing policy plus its state.
-pub struct Router {
-    policy: Policy,
-    cursor: AtomicUsize,
-    rng: Mutex<SmallRng>,
+/// What a policy may look at besides the nodes.
+#[derive(Debug, Clone, Copy)]
+pub struct PickCtx<'a> {
+    pub model: Option<&'a str>,
+    pub session: Option<&'a str>,
+    pub now: Instant,
 }
 
-impl std::fmt::Debug for Router {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Router").field("policy", &self.policy).finish()
+/// A routing policy. `nodes` is never empty; the answer is an index into it.
+pub trait Balance: Send + Sync + std::fmt::Debug {
+    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize;
+}
+
+/// Index of a uniformly random element among those with the lowest `key`.
+fn min_by_random_tie<K: PartialOrd + Copy>(nodes: &[Arc<Node>], rng: &mut SmallRng, key: impl Fn(&Node) -> K) -> usize {
+    let keys: Vec<K> = nodes.iter().map(|n| key(n)).collect();
+    let mut best = keys[0];
+    for &k in &keys[1..] {
+        if k < best {
+            best = k;
+        }
+    }
+    let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] <= best).collect();
+    tied[rng.gen_range(0..tied.len())]
+}
+
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    cursor: AtomicUsize,
+}
+
+impl Balance for RoundRobin {
+    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+        self.cursor.fetch_add(1, Ordering::Relaxed) % nodes.len()
     }
 }
 
+#[derive(Debug, Default)]
+pub struct Weighted {
+    current: Mutex<HashMap<String, i64>>,
+}
+
+impl Balance for Weighted {
+    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+        let mut current = lock(&self.current);
+        let total: i64 = nodes.iter().map(|n| i64::from(n.weight())).sum();
+        let mut best = 0;
+        let mut best_score = i64::MIN;
+        for (i, n) in nodes.iter().enumerate() {
+            let score = current.entry(n.name().to_string()).or_insert(0);
+            *score += i64::from(n.weight());
+            if *score > best_score {
+                best_score = *score;
+                best = i;
+            }
+        }
+        if let Some(s) = current.get_mut(nodes[best].name()) {
+            *s -= total;
+        }
+        best
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct LeastConnections;
+
+impl Balance for LeastConnections {
+    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        min_by_random_tie(nodes, rng, |n| n.in_flight() as f64 / f64::from(n.weight()))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct LeastLatency;
+
+impl Balance for LeastLatency {
+    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        min_by_random_tie(nodes, rng, |n| n.ttfb_estimate(ctx.now).map_or(0, |d| d.as_nanos()))
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct P2c;
+
+impl P2c {
+    fn cost(n: &Node, now: Instant) -> f64 {
+        let latency = n.ttfb_estimate(now).map_or(0.0, |d| d.as_secs_f64());
+        latency * (n.in_flight() as f64 + 1.0)
+    }
+}
+
+impl Balance for P2c {
+    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        if nodes.len() == 1 {
+            return 0;
+        }
+        let a = rng.gen_range(0..nodes.len());
+        let mut b = rng.gen_range(0..nodes.len() - 1);
+        if b >= a {
+            b += 1;
+        }
+        let (ca, cb) = (Self::cost(&nodes[a], ctx.now), Self::cost(&nodes[b], ctx.now));
+        if ca <= cb {
+            a
+        } else {
+            b
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct PriorityOrder {
+    order: Vec<String>,
+}
+
+impl Balance for PriorityOrder {
+    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+        let rank = |n: &Node| self.order.iter().position(|o| o == n.name()).unwrap_or(usize::MAX);
+        // Nodes not in `order` keep their config order, after the listed ones.
+        (0..nodes.len()).min_by_key(|&i| (rank(&nodes[i]), i)).unwrap_or(0)
+    }
+}
+
+/// The candidate names a ring was built for, and the ring: (point, owner) sorted by point.
+type Ring = (Vec<String>, Vec<(u64, String)>);
+
+/// Consistent-hash ring of candidate names, cached for the last candidate set.
+#[derive(Debug, Default)]
+pub struct Sticky {
+    ring: Mutex<Ring>,
+}
+
+pub const VIRTUAL_NODES: usize = 160;
+
+fn hash64(s: &str) -> u64 {
+    crate::sim::text::hash(&[s])
+}
+
+impl Balance for Sticky {
+    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        let Some(session) = ctx.session else { return rng.gen_range(0..nodes.len()) };
+        let names: Vec<String> = nodes.iter().map(|n| n.name().to_string()).collect();
+        let mut cache = lock(&self.ring);
+        if cache.0 != names {
+            let mut ring: Vec<(u64, String)> = names
+                .iter()
+                .flat_map(|n| (0..VIRTUAL_NODES).map(move |v| (hash64(&format!("{n}#{v}")), n.clone())))
+                .collect();
+            ring.sort();
+            *cache = (names.clone(), ring);
+        }
+        let h = hash64(session);
+        let ring = &cache.1;
+        let at = ring.partition_point(|(k, _)| *k < h) % ring.len();
+        let owner = &ring[at].1;
+        names.iter().position(|n| n == owner).unwrap_or(0)
+    }
+}
+
+pub fn balance_for(policy: Policy, category: &CategoryConfig) -> Box<dyn Balance> {
+    match policy {
+        Policy::RoundRobin => Box::new(RoundRobin::default()),
+        Policy::Weighted => Box::new(Weighted::default()),
+        Policy::LeastConnections => Box::new(LeastConnections),
+        Policy::LeastLatency => Box::new(LeastLatency),
+        Policy::P2c => Box::new(P2c),
+        Policy::Priority => Box::new(PriorityOrder { order: category.order.clone() }),
+        Policy::Sticky => Box::new(Sticky::default()),
+    }
+}
+
+/// A category's policy plus its state and RNG.
+#[derive(Debug)]
+pub struct Router {
+    policy: Policy,
+    affinity: bool,
+    balance: Box<dyn Balance>,
+    rng: Mutex<SmallRng>,
+}
+
 impl Router {
-    pub fn new(policy: Policy, seed: Option<u64>) -> Self {
+    pub fn new(category: &CategoryConfig, seed: Option<u64>) -> Self {
         let rng = match seed {
             Some(s) => SmallRng::seed_from_u64(s),
             None => SmallRng::from_entropy(),
         };
-        Self { policy, cursor: AtomicUsize::new(0), rng: Mutex::new(rng) }
+        Self {
+            policy: category.policy,
+            affinity: category.affinity,
+            balance: balance_for(category.policy, category),
+            rng: Mutex::new(rng),
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
     }
 
     /// Index into `nodes` of the chosen one; `None` only for an empty slice.
-    pub fn pick(&self, nodes: &[Arc<Node>]) -> Option<usize> {
+    pub fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>) -> Option<usize> {
         if nodes.is_empty() {
             return None;
         }
-        match self.policy {
-            Policy::RoundRobin => Some(self.cursor.fetch_add(1, Ordering::Relaxed) % nodes.len()),
-            // Config validation admits only implemented policies; the rest cannot get here.
-            _ => {
-                let least = nodes.iter().map(|n| n.in_flight()).min()?;
-                let tied: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].in_flight() == least).collect();
-                let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-                Some(tied[rng.gen_range(0..tied.len())])
+        let mut rng = lock(&self.rng);
+        let mut pool: Vec<usize> = (0..nodes.len()).collect();
+        if self.affinity {
+            if let Some(model) = ctx.model {
+                let hot: Vec<usize> = pool.iter().copied().filter(|&i| nodes[i].has_hot(model)).collect();
+                if !hot.is_empty() {
+                    pool = hot;
+                }
             }
         }
+        let ramped: Vec<usize> = pool
+            .iter()
+            .copied()
+            .filter(|&i| rng.gen_bool(nodes[i].slow_start_factor(ctx.now).clamp(0.0, 1.0)))
+            .collect();
+        if !ramped.is_empty() {
+            pool = ramped;
+        }
+        let subset: Vec<Arc<Node>> = pool.iter().map(|&i| Arc::clone(&nodes[i])).collect();
+        let chosen = self.balance.pick(&subset, ctx, &mut rng);
+        pool.get(chosen).copied()
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::NodeConfig;
+    use crate::node::{LoadedModel, NodeTuning, Outcome};
     use proptest::prelude::*;
+    use std::time::Duration;
 
     fn registry(n: usize) -> Registry {
         let cfgs: Vec<_> = (0..n)
             .map(|i| NodeConfig {
                 name: format!("n{i}"),
                 url: format!("http://127.0.0.1:{}", 1000 + i),
+                max_concurrency: 1000,
                 ..NodeConfig::default()
             })
             .collect();
-        Registry::new(&cfgs).expect("valid urls")
+        Registry::new(&cfgs, NodeTuning::default()).expect("valid urls")
+    }
+
+    fn router(policy: Policy) -> Router {
+        Router::new(&CategoryConfig { policy, ..CategoryConfig::default() }, Some(42))
+    }
+
+    fn ctx<'a>(session: Option<&'a str>) -> PickCtx<'a> {
+        PickCtx { model: None, session, now: Instant::now() }
+    }
+
+    fn tally(r: &Router, nodes: &[Arc<Node>], n: usize) -> Vec<usize> {
+        let mut seen = vec![0; nodes.len()];
+        for _ in 0..n {
+            seen[r.pick(nodes, &ctx(None)).expect("non-empty")] += 1;
+        }
+        seen
     }
 
     #[test]
     fn round_robin_cycles() {
         let reg = registry(3);
-        let r = Router::new(Policy::RoundRobin, Some(1));
-        let picks: Vec<_> = (0..6).map(|_| r.pick(reg.all()).expect("non-empty")).collect();
+        let r = router(Policy::RoundRobin);
+        let picks: Vec<_> = (0..6).map(|_| r.pick(&reg.all(), &ctx(None)).expect("non-empty")).collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn weighted_three_to_one_lands_within_five_percent() {
+        let reg = registry(2);
+        reg.all()[0].set_weight(3);
+        let seen = tally(&router(Policy::Weighted), &reg.all(), 2000);
+        let share = seen[0] as f64 / 2000.0;
+        assert!((share - 0.75).abs() <= 0.75 * 0.05, "3:1 within 5%: {seen:?}");
+    }
+
+    #[test]
+    fn weighted_interleaves_smoothly() {
+        let reg = registry(2);
+        reg.all()[0].set_weight(3);
+        let r = router(Policy::Weighted);
+        let picks: Vec<_> = (0..4).map(|_| r.pick(&reg.all(), &ctx(None)).expect("non-empty")).collect();
+        assert_eq!(picks, vec![0, 0, 1, 0], "smooth WRR spreads the light node in, nginx-style");
     }
 
     #[test]
     fn least_connections_prefers_idle_and_spreads_ties() {
         let reg = registry(3);
-        let r = Router::new(Policy::LeastConnections, Some(7));
-        let _busy = reg.all()[0].dispatch();
-        let mut seen = [0usize; 3];
-        for _ in 0..200 {
-            seen[r.pick(reg.all()).expect("non-empty")] += 1;
-        }
+        let r = router(Policy::LeastConnections);
+        let _busy = reg.all()[0].try_dispatch(false);
+        let seen = tally(&r, &reg.all(), 200);
         assert_eq!(seen[0], 0, "the busy node is never least loaded");
         assert!(seen[1] > 50 && seen[2] > 50, "ties between idle nodes are broken at random: {seen:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn least_latency_sends_most_to_a_five_times_faster_node() {
+        let reg = registry(2);
+        let r = router(Policy::LeastLatency);
+        let nodes = reg.all();
+        let mut seen = [0usize; 2];
+        for _ in 0..1000 {
+            let i = r.pick(&nodes, &ctx(None)).expect("non-empty");
+            seen[i] += 1;
+            // Node 0 answers in 20 ms, node 1 in 100 ms; time moves on between requests.
+            nodes[i].observe_ttfb(Duration::from_millis(if i == 0 { 20 } else { 100 }));
+            tokio::time::advance(Duration::from_millis(50)).await;
+        }
+        let share = seen[0] as f64 / 1000.0;
+        assert!(share >= 0.8, "at least 80% to the 5x faster node: {seen:?}");
+        assert!(seen[1] > 0, "the slow node is still re-probed as its estimate decays");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn p2c_prefers_the_cheaper_node_but_never_starves_one() {
+        let reg = registry(3);
+        let nodes = reg.all();
+        nodes[0].observe_ttfb(Duration::from_millis(10));
+        nodes[1].observe_ttfb(Duration::from_millis(50));
+        nodes[2].observe_ttfb(Duration::from_millis(50));
+        let seen = tally(&router(Policy::P2c), &nodes, 3000);
+        assert!(seen[0] > seen[1] && seen[0] > seen[2], "{seen:?}");
+        // With two random choices the fastest wins every pair it is in: 2/3 of picks.
+        let share = seen[0] as f64 / 3000.0;
+        assert!((share - 2.0 / 3.0).abs() < 0.05, "{seen:?}");
+    }
+
+    #[test]
+    fn priority_takes_the_first_in_order() {
+        let reg = registry(3);
+        let r = Router::new(
+            &CategoryConfig {
+                policy: Policy::Priority,
+                order: vec!["n2".into(), "n0".into()],
+                ..CategoryConfig::default()
+            },
+            Some(1),
+        );
+        let nodes = reg.all();
+        assert_eq!(r.pick(&nodes, &ctx(None)), Some(2));
+        let without_n2: Vec<_> = nodes.iter().filter(|n| n.name() != "n2").cloned().collect();
+        assert_eq!(without_n2[r.pick(&without_n2, &ctx(None)).expect("pick")].name(), "n0");
+    }
+
+    #[test]
+    fn sticky_keeps_sessions_and_moves_only_the_departed_nodes_keys() {
+        let reg = registry(4);
+        let r = router(Policy::Sticky);
+        let nodes = reg.all();
+        let sessions: Vec<String> = (0..400).map(|i| format!("session-{i}")).collect();
+        let before: Vec<String> =
+            sessions.iter().map(|s| nodes[r.pick(&nodes, &ctx(Some(s))).expect("pick")].name().to_string()).collect();
+        let again: Vec<String> =
+            sessions.iter().map(|s| nodes[r.pick(&nodes, &ctx(Some(s))).expect("pick")].name().to_string()).collect();
+        assert_eq!(before, again, "a session stays on its node");
+        let owners: std::collections::BTreeSet<_> = before.iter().collect();
+        assert_eq!(owners.len(), 4, "sessions spread over every node");
+        let remaining: Vec<_> = nodes.iter().filter(|n| n.name() != "n1").cloned().collect();
+        for (s, was) in sessions.iter().zip(&before) {
+            let now = remaining[r.pick(&remaining, &ctx(Some(s))).expect("pick")].name().to_string();
+            if was != "n1" {
+                assert_eq!(&now, was, "{s} moved although its node stayed");
+            } else {
+                assert_ne!(now, "n1");
+            }
+        }
+    }
+
+    #[test]
+    fn affinity_prefers_nodes_with_the_model_hot_unless_turned_off() {
+        let reg = registry(3);
+        let nodes = reg.all();
+        nodes[2].set_loaded(vec![LoadedModel {
+            name: "m:latest".into(),
+            size: 10,
+            size_vram: 10,
+            context_length: None,
+        }]);
+        nodes[1].set_loaded(vec![LoadedModel {
+            name: "m:latest".into(),
+            size: 10,
+            size_vram: 5,
+            context_length: None,
+        }]);
+        let r = router(Policy::RoundRobin);
+        let c = PickCtx { model: Some("m"), session: None, now: Instant::now() };
+        for _ in 0..6 {
+            assert_eq!(r.pick(&nodes, &c), Some(2), "only n2 has it fully in VRAM");
+        }
+        let off = Router::new(
+            &CategoryConfig { policy: Policy::RoundRobin, affinity: false, ..CategoryConfig::default() },
+            Some(1),
+        );
+        let picks: std::collections::BTreeSet<_> = (0..6).map(|_| off.pick(&nodes, &c)).collect();
+        assert_eq!(picks.len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recovering_node_gets_a_ramping_share() {
+        let reg = registry(2);
+        let nodes = reg.all();
+        nodes[1].record_probe(true, 1, 1);
+        nodes[1].record_probe(false, 1, 1);
+        nodes[1].record_probe(true, 1, 1);
+        let r = router(Policy::RoundRobin);
+        let early = tally(&r, &nodes, 1000)[1];
+        tokio::time::advance(Duration::from_secs(15)).await;
+        let mid = tally(&r, &nodes, 1000)[1];
+        tokio::time::advance(Duration::from_secs(15)).await;
+        let done = tally(&r, &nodes, 1000)[1];
+        assert!(early < 150, "10% ramp start: about 1 in 20 picks: {early}");
+        assert!(early < mid && mid < done, "share grows: {early} < {mid} < {done}");
+        assert!((450..=550).contains(&done), "full share after slow start: {done}");
     }
 
     #[test]
     fn candidates_skip_down_disabled_and_modelless_nodes() {
         let reg = registry(3);
-        reg.all()[0].set_models(["a".to_string()]);
-        reg.all()[1].set_models(["b".to_string()]);
-        reg.all()[2].set_models(["a".to_string()]);
-        reg.all()[2].set_enabled(false);
+        let nodes = reg.all();
+        nodes[0].set_models(["a".to_string()]);
+        nodes[1].set_models(["b".to_string()]);
+        nodes[2].set_models(["a".to_string()]);
+        nodes[2].set_enabled(false);
         let c = candidates(&reg, Some("a"), &[]).expect("n0 serves a");
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].name(), "n0");
         assert_eq!(candidates(&reg, Some("zzz"), &[]).err(), Some(NoCandidate::UnknownModel));
-        reg.all()[0].record_outcome(crate::node::Outcome::ConnectFailed, 1);
+        nodes[0].try_dispatch(false).expect("slot").judge(Outcome::ConnectFailed);
         assert_eq!(candidates(&reg, Some("a"), &[]).err(), Some(NoCandidate::NoneAvailable));
     }
 
     #[test]
     fn a_tried_node_is_not_picked_again_unless_it_is_the_only_one() {
         let reg = registry(2);
-        let first = reg.all()[0].clone();
-        let c = candidates(&reg, None, std::slice::from_ref(&first)).expect("n1 left");
+        let nodes = reg.all();
+        let c = candidates(&reg, None, std::slice::from_ref(&nodes[0])).expect("n1 left");
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].name(), "n1");
-        let both = [reg.all()[0].clone(), reg.all()[1].clone()];
-        assert_eq!(candidates(&reg, None, &both).err(), Some(NoCandidate::AllTried));
+        assert_eq!(candidates(&reg, None, &nodes).err(), Some(NoCandidate::AllTried));
         let single = registry(1);
-        let only = single.all()[0].clone();
-        assert!(candidates(&single, None, &[only]).is_ok());
+        assert!(candidates(&single, None, &single.all()).is_ok());
     }
 
     proptest! {
         #[test]
-        fn pick_is_always_in_range(n in 1usize..16, busy in proptest::collection::vec(0usize..4, 16), seed: u64, rr: bool) {
+        fn every_policy_picks_inside_the_candidates(n in 1usize..12, busy in proptest::collection::vec(0usize..4, 12), seed: u64, p in 0usize..7, session in "[a-z]{0,8}") {
+            let policy = [Policy::RoundRobin, Policy::Weighted, Policy::LeastConnections, Policy::LeastLatency, Policy::P2c, Policy::Priority, Policy::Sticky][p];
             let reg = registry(n);
+            let nodes = reg.all();
             let mut guards = Vec::new();
             for (i, b) in busy.iter().take(n).enumerate() {
-                for _ in 0..*b { guards.push(reg.all()[i].dispatch()); }
+                for _ in 0..*b { guards.push(nodes[i].try_dispatch(false)); }
             }
-            let r = Router::new(if rr { Policy::RoundRobin } else { Policy::LeastConnections }, Some(seed));
+            let r = Router::new(&CategoryConfig { policy, ..CategoryConfig::default() }, Some(seed));
+            let c = PickCtx { model: None, session: (!session.is_empty()).then_some(session.as_str()), now: Instant::now() };
             for _ in 0..8 {
-                let i = r.pick(reg.all()).expect("non-empty");
+                let i = r.pick(&nodes, &c).expect("non-empty");
                 prop_assert!(i < n);
-                if !rr {
-                    let min = reg.all().iter().map(|x| x.in_flight()).min().unwrap_or(0);
-                    prop_assert_eq!(reg.all()[i].in_flight(), min);
+                if policy == Policy::LeastConnections {
+                    let min = nodes.iter().map(|x| x.in_flight()).min().unwrap_or(0);
+                    prop_assert_eq!(nodes[i].in_flight(), min);
                 }
             }
         }

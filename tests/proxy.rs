@@ -149,7 +149,6 @@ async fn three_500s_then_ok_on_a_single_node_is_retried_within_the_attempt_cap()
     let c = cluster(1)
         .config(|cfg| {
             cfg.retry.max_attempts = 4;
-            cfg.health.passive_failures_to_down = 10;
         })
         .start()
         .await;
@@ -292,7 +291,7 @@ async fn client_errors_pass_through_and_are_not_retried() {
 
 #[tokio::test]
 async fn server_busy_goes_elsewhere_without_marking_the_node_down() {
-    let c = cluster(2).policy(Policy::RoundRobin).config(|cfg| cfg.health.passive_failures_to_down = 1).start().await;
+    let c = cluster(2).policy(Policy::RoundRobin).config(|cfg| cfg.breaker.failures_to_open = 1).start().await;
     c.sims[0].set_faults(Faults::statuses(503, 100));
     for _ in 0..6 {
         let r = c.chat("llama3.2", false).await;
@@ -300,6 +299,7 @@ async fn server_busy_goes_elsewhere_without_marking_the_node_down() {
     }
     assert!(c.sims[0].inference_count() >= 1, "n0 was asked");
     assert_ne!(c.node(0).health(), Health::Unhealthy, "busy is not a failure");
+    assert_eq!(c.node(0).breaker_state(), corral::breaker::BreakerState::Closed, "busy does not trip the breaker");
 }
 
 #[tokio::test]
@@ -443,16 +443,13 @@ async fn a_queued_request_runs_when_a_slot_frees() {
                 .map(|r| r.status().as_u16())
         }
     });
-    assert!(
-        eventually(Duration::from_secs(5), || c.broker.registry().waiting() == 1).await,
-        "the second request queues"
-    );
+    assert!(eventually(Duration::from_secs(5), || c.broker.queue_depth() == 1).await, "the second request queues");
     assert_eq!(c.sims[0].inference_count(), 1, "and has not reached the node");
     drop(held);
     let status = waiting.await.expect("task").expect("answer");
     assert_eq!(status, 200);
     assert_eq!(c.sims[0].inference_count(), 2);
-    assert_eq!(c.broker.registry().waiting(), 0);
+    assert_eq!(c.broker.queue_depth(), 0);
 }
 
 #[tokio::test]

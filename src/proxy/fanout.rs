@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
 use super::Shared;
@@ -20,7 +23,8 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
     if nodes.is_empty() {
         return Err(BrokerError::NoHealthyNode { model: String::new() });
     }
-    let timeout = Duration::from_millis(shared.config.health.timeout_ms.max(shared.config.proxy.connect_timeout_ms))
+    let config = shared.config();
+    let timeout = Duration::from_millis(config.health.timeout_ms.max(config.proxy.connect_timeout_ms))
         .max(Duration::from_secs(2));
     let asks = nodes.iter().map(|node| {
         let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path);
@@ -65,7 +69,14 @@ pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
         // A fresh answer is as good as a deep probe: keep the routing table current.
         node.set_models(models.iter().map(name_of).filter(|n| !n.is_empty()));
         for m in models {
-            union.entry(name_of(&m)).or_insert(m);
+            // Each entry also says which nodes have it (`nodes`, Corral's addition).
+            let entry = union.entry(name_of(&m)).or_insert(m);
+            if let Some(obj) = entry.as_object_mut() {
+                let nodes = obj.entry("nodes").or_insert_with(|| Value::Array(Vec::new()));
+                if let Some(list) = nodes.as_array_mut() {
+                    list.push(Value::String(node.name().to_string()));
+                }
+            }
         }
     }
     Ok(axum::Json(json!({ "models": union.into_values().collect::<Vec<_>>() })).into_response())
@@ -93,4 +104,208 @@ pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> 
         }
     }
     Ok(axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })).into_response())
+}
+
+/// The nodes a model operation goes to: those named in `X-Corral-Node`, else every available
+/// node (for delete and copy: every available node that has the model).
+fn targets(
+    shared: &Shared,
+    path: &str,
+    headers: &HeaderMap,
+    model: Option<&str>,
+) -> Result<Vec<Arc<Node>>, BrokerError> {
+    let all = shared.registry.all();
+    if let Some(v) = headers.get("x-corral-node") {
+        let names = v
+            .to_str()
+            .map_err(|_| BrokerError::BadHeader { name: "X-Corral-Node", reason: "not visible ASCII".into() })?;
+        let mut chosen = Vec::new();
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let node = all.iter().find(|n| n.name() == name).ok_or_else(|| BrokerError::BadHeader {
+                name: "X-Corral-Node",
+                reason: format!(
+                    "no node named \"{name}\"; known: {}",
+                    all.iter().map(|n| n.name()).collect::<Vec<_>>().join(", ")
+                ),
+            })?;
+            chosen.push(Arc::clone(node));
+        }
+        if chosen.is_empty() {
+            return Err(BrokerError::BadHeader { name: "X-Corral-Node", reason: "names no node".into() });
+        }
+        return Ok(chosen);
+    }
+    let needs_model = matches!(path, "/api/delete" | "/api/copy");
+    let chosen: Vec<Arc<Node>> = all
+        .iter()
+        .filter(|n| n.is_available())
+        .filter(|n| !needs_model || model.is_none_or(|m| n.serves(m) != Some(false)))
+        .cloned()
+        .collect();
+    if chosen.is_empty() {
+        return Err(match (needs_model, model) {
+            (true, Some(m)) => BrokerError::ModelNotFound(m.to_string()),
+            _ => BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() },
+        });
+    }
+    Ok(chosen)
+}
+
+/// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` on several nodes at once. Streamed
+/// operations (pull and create, unless `"stream": false`) interleave every node's progress
+/// lines as they come, each tagged with `"node"`, and end with one summary line.
+pub(super) async fn model_op(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    model: Option<&str>,
+) -> Result<Response, BrokerError> {
+    let nodes = targets(shared, path, headers, model)?;
+    let streamed = matches!(path, "/api/pull" | "/api/create")
+        && serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream").and_then(Value::as_bool))
+            != Some(false);
+    let (tx, rx) = tokio::sync::mpsc::channel::<(String, NodeEvent)>(64);
+    for node in &nodes {
+        let (client, node, tx, body, method) =
+            (shared.client.clone(), Arc::clone(node), tx.clone(), body.clone(), method.clone());
+        let target = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path);
+        tokio::spawn(async move {
+            let name = node.name().to_string();
+            let event =
+                match client.request(method, target).header("content-type", "application/json").body(body).send().await
+                {
+                    Err(e) => NodeEvent::Done { status: 502, error: Some(format!("cannot reach node: {e}")) },
+                    Ok(resp) => relay_lines(&name, resp, &tx).await,
+                };
+            if matches!(event, NodeEvent::Done { error: None, .. }) {
+                // The node's model list changed: learn it now, not at the next deep probe.
+                crate::health::probe_deep(&client, &node, Duration::from_secs(5)).await;
+            }
+            let _ = tx.send((name, event)).await;
+        });
+    }
+    drop(tx);
+    if streamed {
+        let stream = futures_util::stream::unfold(
+            (rx, BTreeMap::new(), nodes.len()),
+            |(mut rx, mut done, total)| async move {
+                if done.len() == total {
+                    return None;
+                }
+                let (node, event) = rx.recv().await?;
+                match event {
+                    NodeEvent::Line(mut v) => {
+                        if let Some(obj) = v.as_object_mut() {
+                            obj.insert("node".into(), Value::String(node));
+                        }
+                        Some((Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))), (rx, done, total)))
+                    }
+                    NodeEvent::Done { status, error } => {
+                        done.insert(node.clone(), (status, error.clone()));
+                        let mut line =
+                            json!({ "node": node, "status": if error.is_none() { "success" } else { "failed" } });
+                        if let Some(e) = &error {
+                            line["error"] = Value::String(format!("{node}: {e}"));
+                        }
+                        if done.len() == total {
+                            let failed: Vec<String> =
+                                done.iter().filter_map(|(n, (_, e))| e.as_ref().map(|e| format!("{n}: {e}"))).collect();
+                            let summary = if failed.is_empty() {
+                                json!({ "status": "success", "nodes": done.keys().collect::<Vec<_>>() })
+                            } else {
+                                json!({ "error": format!("failed on {} of {} nodes: {}", failed.len(), total, failed.join("; ")), "code": "upstream_failed" })
+                            };
+                            return Some((Ok(Bytes::from(format!("{line}\n{summary}\n"))), (rx, done, total)));
+                        }
+                        Some((Ok(Bytes::from(format!("{line}\n"))), (rx, done, total)))
+                    }
+                }
+            },
+        );
+        let mut r = Response::new(axum::body::Body::from_stream(stream));
+        r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
+        return Ok(r);
+    }
+    let mut rx = rx;
+    let mut results: BTreeMap<String, (u16, Option<String>)> = BTreeMap::new();
+    while let Some((node, event)) = rx.recv().await {
+        if let NodeEvent::Done { status, error } = event {
+            results.insert(node, (status, error));
+        }
+    }
+    let failed: Vec<(&String, &(u16, Option<String>))> = results.iter().filter(|(_, (_, e))| e.is_some()).collect();
+    if failed.is_empty() {
+        let nodes: Vec<&String> = results.keys().collect();
+        return Ok(axum::Json(json!({ "status": "success", "nodes": nodes })).into_response());
+    }
+    // The same client error everywhere (say, 404 model not found) is the node's own answer.
+    let statuses: std::collections::BTreeSet<u16> = failed.iter().map(|(_, (s, _))| *s).collect();
+    if failed.len() == results.len() && statuses.len() == 1 && statuses.iter().all(|s| (400..500).contains(s)) {
+        let status = http::StatusCode::from_u16(*statuses.iter().next().unwrap_or(&400))
+            .unwrap_or(http::StatusCode::BAD_REQUEST);
+        let error = failed[0].1 .1.clone().unwrap_or_default();
+        return Ok((status, axum::Json(json!({ "error": error }))).into_response());
+    }
+    Err(BrokerError::UpstreamFailed {
+        attempts: results.len() as u32,
+        detail: failed
+            .iter()
+            .map(|(n, (s, e))| format!("{n}: HTTP {s} {}", e.as_deref().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join("; "),
+    })
+}
+
+/// What one node's part of a model operation produced.
+enum NodeEvent {
+    Line(Value),
+    Done { status: u16, error: Option<String> },
+}
+
+/// Pass a node's NDJSON progress lines on; the final event says how it ended.
+async fn relay_lines(
+    node: &str,
+    resp: reqwest::Response,
+    tx: &tokio::sync::mpsc::Sender<(String, NodeEvent)>,
+) -> NodeEvent {
+    let status = resp.status().as_u16();
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut error = None;
+    let handle = |line: &[u8], error: &mut Option<String>| -> Option<Value> {
+        let v: Value = serde_json::from_slice(line).ok()?;
+        if let Some(e) = v.get("error").and_then(Value::as_str) {
+            *error = Some(e.to_string());
+            return None;
+        }
+        Some(v)
+    };
+    loop {
+        match stream.next().await {
+            Some(Ok(chunk)) => {
+                buf.extend_from_slice(&chunk);
+                while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buf.drain(..=pos).collect();
+                    if let Some(v) = handle(&line, &mut error) {
+                        if tx.send((node.to_string(), NodeEvent::Line(v))).await.is_err() {
+                            return NodeEvent::Done { status: 499, error: Some("client went away".into()) };
+                        }
+                    }
+                }
+            }
+            Some(Err(e)) => return NodeEvent::Done { status: 502, error: Some(format!("stream broke: {e}")) },
+            None => break,
+        }
+    }
+    if !buf.iter().all(u8::is_ascii_whitespace) {
+        if let Some(v) = handle(&buf, &mut error) {
+            let _ = tx.send((node.to_string(), NodeEvent::Line(v))).await;
+        }
+    }
+    if !(200..300).contains(&status) && error.is_none() {
+        error = Some(format!("HTTP {status}"));
+    }
+    NodeEvent::Done { status, error }
 }

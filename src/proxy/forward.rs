@@ -27,9 +27,10 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::Shared;
+use crate::admit::Ticket;
+use crate::config::{Config, Origin};
 use crate::error::BrokerError;
-use crate::node::{InFlight, Node, Outcome};
-use crate::route::{self, NoCandidate};
+use crate::node::{InFlight, Outcome};
 
 /// Everything about the client's request that an attempt needs.
 #[derive(Debug, Clone)]
@@ -40,6 +41,9 @@ pub struct Outbound {
     pub body: Bytes,
     pub model: Option<String>,
     pub category: String,
+    pub priority: u32,
+    pub origin: Origin,
+    pub session: Option<String>,
     pub request_id: String,
     pub queue_timeout: Duration,
 }
@@ -55,23 +59,40 @@ struct AttemptFailed {
 pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (BrokerError, u32)> {
     let started = Instant::now();
     let deadline = started + out.queue_timeout;
-    let max_attempts = shared.config.retry.max_attempts.max(1);
-    let mut tried: Vec<Arc<Node>> = Vec::new();
+    let config = shared.config();
+    let max_attempts = config.retry.max_attempts.max(1);
+    let Some(router) = shared.router(&out.category) else {
+        return Err((BrokerError::UnknownCategory { name: out.category.clone(), known: String::new() }, 0));
+    };
+    shared.retry_budget.deposit(started);
+    let mut ticket = Ticket {
+        model: out.model.clone(),
+        session: out.session.clone(),
+        tried: Vec::new(),
+        router,
+        priority: out.priority,
+        origin: out.origin,
+        body_bytes: out.body.len(),
+    };
     let mut failures: Vec<(String, AttemptFailed)> = Vec::new();
 
     for attempt in 1..=max_attempts {
         if attempt > 1 {
+            if !shared.retry_budget.try_withdraw(Instant::now()) {
+                tracing::warn!(request_id = %out.request_id, "retry budget spent: not retrying");
+                break;
+            }
             tokio::time::sleep(shared.backoff(attempt - 1)).await;
         }
-        let guard = match acquire(shared, &out, &tried, deadline, started).await {
+        let guard = match shared.admission.admit(ticket.clone(), deadline, &shared.shutdown).await {
             Ok(g) => g,
             Err(e) if failures.is_empty() => return Err((e, 0)),
             // Nobody left to try: report what the attempts so far ran into.
             Err(_) => break,
         };
         let node = Arc::clone(guard.node());
-        tried.push(Arc::clone(&node));
-        match attempt_once(shared, guard, &out).await {
+        ticket.tried.push(Arc::clone(&node));
+        match attempt_once(shared, &config, guard, &out).await {
             Ok(mut resp) => {
                 let h = resp.headers_mut();
                 if let Ok(v) = HeaderValue::from_str(node.name()) {
@@ -81,7 +102,6 @@ pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (Broker
                 return Ok(resp);
             }
             Err(f) => {
-                node.record_outcome(f.outcome, shared.config.health.passive_failures_to_down);
                 tracing::debug!(request_id = %out.request_id, node = %node.name(), attempt, outcome = ?f.outcome, detail = %f.detail, "attempt failed");
                 failures.push((node.name().to_string(), f));
             }
@@ -108,49 +128,6 @@ fn summarize(failures: &[(String, AttemptFailed)]) -> BrokerError {
     }
 }
 
-/// Wait for a candidate node with a free slot, up to the queue deadline.
-async fn acquire(
-    shared: &Shared,
-    out: &Outbound,
-    tried: &[Arc<Node>],
-    deadline: Instant,
-    started: Instant,
-) -> Result<InFlight, BrokerError> {
-    let registry = &shared.registry;
-    let model = out.model.as_deref();
-    loop {
-        // Register for wake-ups before looking, so a slot freed in between is not missed.
-        let freed = registry.capacity_freed().notified();
-        tokio::pin!(freed);
-        freed.as_mut().enable();
-
-        let candidates = route::candidates(registry, model, tried).map_err(|why| match why {
-            NoCandidate::UnknownModel => match model {
-                Some(m) => BrokerError::ModelNotFound(m.to_string()),
-                None => BrokerError::NoHealthyNode { model: String::new() },
-            },
-            NoCandidate::NoneAvailable | NoCandidate::AllTried => {
-                BrokerError::NoHealthyNode { model: model.unwrap_or("").to_string() }
-            }
-        })?;
-        let free: Vec<Arc<Node>> = candidates.into_iter().filter(|n| n.has_capacity()).collect();
-        if let Some(i) = shared.pick(&out.category, &free) {
-            if let Some(guard) = free[i].try_dispatch() {
-                return Ok(guard);
-            }
-            // Lost the race for its last slot: look again.
-            continue;
-        }
-        if shared.shutdown.is_cancelled() {
-            return Err(BrokerError::ShuttingDown);
-        }
-        let _queued = registry.wait_guard();
-        if tokio::time::timeout_at(deadline, freed).await.is_err() {
-            return Err(BrokerError::QueueTimeout { waited_ms: started.elapsed().as_millis() as u64 });
-        }
-    }
-}
-
 /// Headers that describe one hop, never forwarded (RFC 9110 §7.6.1), plus `Host` (the node's
 /// own is set from its URL: an Ollama bound to loopback answers 403 to a foreign Host).
 fn is_hop_header(name: &HeaderName) -> bool {
@@ -174,7 +151,12 @@ fn copy_headers(from: &HeaderMap) -> HeaderMap {
     from.iter().filter(|(k, _)| !is_hop_header(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-async fn attempt_once(shared: &Shared, guard: InFlight, out: &Outbound) -> Result<Response, AttemptFailed> {
+async fn attempt_once(
+    shared: &Shared,
+    config: &Config,
+    mut guard: InFlight,
+    out: &Outbound,
+) -> Result<Response, AttemptFailed> {
     let node = Arc::clone(guard.node());
     let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), out.path_and_query);
     let mut headers = copy_headers(&out.headers);
@@ -182,37 +164,31 @@ async fn attempt_once(shared: &Shared, guard: InFlight, out: &Outbound) -> Resul
         headers.insert("x-request-id", v);
     }
     let request = shared.client.request(out.method.clone(), url).headers(headers).body(out.body.clone());
-    let first_byte = shared.config.proxy.first_byte_timeout();
+    let first_byte = config.proxy.first_byte_timeout();
     let sent_at = Instant::now();
     let resp = match tokio::time::timeout(first_byte, request.send()).await {
         Err(_) => {
-            return Err(AttemptFailed {
-                outcome: Outcome::TimedOut,
-                detail: format!("no answer within {} ms", first_byte.as_millis()),
-            })
+            return Err(failed(
+                &mut guard,
+                Outcome::TimedOut,
+                format!("no answer within {} ms", first_byte.as_millis()),
+            ))
         }
         Ok(Err(e)) if e.is_connect() => {
-            return Err(AttemptFailed {
-                outcome: Outcome::ConnectFailed,
-                detail: format!("cannot connect ({})", root_cause(&e)),
-            })
+            return Err(failed(&mut guard, Outcome::ConnectFailed, format!("cannot connect ({})", root_cause(&e))))
         }
-        Ok(Err(e)) => {
-            return Err(AttemptFailed {
-                outcome: Outcome::Failed,
-                detail: format!("request failed ({})", root_cause(&e)),
-            })
-        }
+        Ok(Err(e)) => return Err(failed(&mut guard, Outcome::Failed, format!("request failed ({})", root_cause(&e)))),
         Ok(Ok(r)) => r,
     };
     let status = resp.status();
     if status.is_server_error() {
         let body = read_small(resp, Duration::from_secs(2)).await;
         let busy = status == StatusCode::SERVICE_UNAVAILABLE && body.contains("server busy");
-        return Err(AttemptFailed {
-            outcome: if busy { Outcome::Busy } else { Outcome::Failed },
-            detail: format!("HTTP {} {}", status.as_u16(), body.trim()),
-        });
+        return Err(failed(
+            &mut guard,
+            if busy { Outcome::Busy } else { Outcome::Failed },
+            format!("HTTP {} {}", status.as_u16(), body.trim()),
+        ));
     }
 
     let resp_headers = copy_headers(resp.headers());
@@ -222,30 +198,32 @@ async fn attempt_once(shared: &Shared, guard: InFlight, out: &Outbound) -> Resul
     let remaining = first_byte.saturating_sub(sent_at.elapsed());
     let first = match tokio::time::timeout(remaining, upstream.next()).await {
         Err(_) => {
-            return Err(AttemptFailed {
-                outcome: Outcome::TimedOut,
-                detail: format!("headers but no body within {} ms", first_byte.as_millis()),
-            })
+            return Err(failed(
+                &mut guard,
+                Outcome::TimedOut,
+                format!("headers but no body within {} ms", first_byte.as_millis()),
+            ))
         }
         Ok(Some(Err(e))) => {
-            return Err(AttemptFailed {
-                outcome: Outcome::Failed,
-                detail: format!("body failed before the first byte ({})", root_cause(&e)),
-            })
+            return Err(failed(
+                &mut guard,
+                Outcome::Failed,
+                format!("body failed before the first byte ({})", root_cause(&e)),
+            ))
         }
         Ok(Some(Ok(b))) => Some(b),
         Ok(None) => None,
     };
+    node.observe_ttfb(sent_at.elapsed());
 
     let relay = Relay {
         upstream,
         first,
         guard: Some(guard),
-        idle: shared.config.proxy.idle_timeout(),
+        idle: config.proxy.idle_timeout(),
         framing,
         ends_with_newline: true,
         done: false,
-        passive_failures_to_down: shared.config.health.passive_failures_to_down,
         request_id: out.request_id.clone(),
         bytes: 0,
     };
@@ -253,6 +231,12 @@ async fn attempt_once(shared: &Shared, guard: InFlight, out: &Outbound) -> Resul
     *response.status_mut() = status;
     *response.headers_mut() = resp_headers;
     Ok(response)
+}
+
+/// Judge a failed attempt on its guard (which frees the slot when dropped) and describe it.
+fn failed(guard: &mut InFlight, outcome: Outcome, detail: String) -> AttemptFailed {
+    guard.judge(outcome);
+    AttemptFailed { outcome, detail }
 }
 
 /// The error's innermost cause, which is the useful one ("Connection refused").
@@ -313,7 +297,6 @@ struct Relay {
     framing: Framing,
     ends_with_newline: bool,
     done: bool,
-    passive_failures_to_down: u32,
     request_id: String,
     bytes: usize,
 }
@@ -373,11 +356,9 @@ impl Relay {
     /// Judge the exchange once and free the node's slot. Returns the node's name.
     fn finish(&mut self, outcome: Outcome, detail: &str) -> String {
         self.done = true;
-        let Some(guard) = self.guard.take() else {
-            return String::new();
-        };
+        let Some(mut guard) = self.guard.take() else { return String::new() };
+        guard.judge(outcome);
         let node = guard.node();
-        node.record_outcome(outcome, self.passive_failures_to_down);
         if outcome.is_node_failure() {
             tracing::warn!(request_id = %self.request_id, node = %node.name(), ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
         } else {
@@ -400,7 +381,8 @@ impl Drop for Relay {
 impl Shared {
     /// Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2^retry)].
     fn backoff(&self, retry: u32) -> Duration {
-        let r = &self.config.retry;
+        let config = self.config();
+        let r = &config.retry;
         let ceiling = r.backoff_base_ms.saturating_mul(1u64 << retry.min(20)).min(r.backoff_cap_ms);
         let ms = self.rng().gen_range(0..=ceiling);
         Duration::from_millis(ms)

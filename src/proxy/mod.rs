@@ -6,6 +6,7 @@
 //! chosen by the category's policy (`forward`). Broker-made errors go through `BrokerError`;
 //! every response carries `X-Request-Id`.
 
+mod context;
 mod fanout;
 mod forward;
 
@@ -16,25 +17,32 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use axum::Router;
 use http::{header, HeaderMap, HeaderValue, Method};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 
+use arc_swap::ArcSwap;
+
+use crate::admit::Admission;
 use crate::config::{Config, ListenerConfig};
 use crate::error::BrokerError;
-use crate::node::{Node, Registry};
+use crate::node::Registry;
+use crate::retry::RetryBudget;
+use crate::route::Router;
 
 pub use forward::Outbound;
 
-/// State shared by every proxy listener.
+/// State shared by every proxy listener (and the admin API, which changes it at runtime).
 pub struct Shared {
-    pub config: Arc<Config>,
+    config: ArcSwap<Config>,
+    routers: ArcSwap<HashMap<String, Arc<Router>>>,
     pub registry: Arc<Registry>,
+    pub admission: Arc<Admission>,
+    pub retry_budget: RetryBudget,
     pub client: reqwest::Client,
     pub shutdown: CancellationToken,
-    routers: HashMap<String, crate::route::Router>,
+    seed: Option<u64>,
     rng: Mutex<SmallRng>,
 }
 
@@ -44,34 +52,91 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+fn routers_for(config: &Config, seed: Option<u64>) -> HashMap<String, Arc<Router>> {
+    config
+        .categories
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.name.clone(), Arc::new(Router::new(c, seed.map(|s| s.wrapping_add(i as u64))))))
+        .collect()
+}
+
 impl Shared {
     pub fn new(
-        config: Arc<Config>,
+        config: Config,
         registry: Arc<Registry>,
         client: reqwest::Client,
         shutdown: CancellationToken,
         seed: Option<u64>,
     ) -> Self {
-        let routers = config
-            .categories
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (c.name.clone(), crate::route::Router::new(c.policy, seed.map(|s| s.wrapping_add(i as u64)))))
-            .collect();
         let rng = match seed {
             Some(s) => SmallRng::seed_from_u64(s ^ 0x5eed),
             None => SmallRng::from_entropy(),
         };
-        Self { config, registry, client, shutdown, routers, rng: Mutex::new(rng) }
+        Self {
+            routers: ArcSwap::from_pointee(routers_for(&config, seed)),
+            admission: Arc::new(Admission::new(Arc::clone(&registry), config.queue.clone())),
+            retry_budget: RetryBudget::new(config.retry.budget_ratio, config.retry.budget_min_per_sec),
+            config: ArcSwap::from_pointee(config),
+            registry,
+            client,
+            shutdown,
+            seed,
+            rng: Mutex::new(rng),
+        }
+    }
+
+    /// The config in force (a snapshot: it may be replaced at any time).
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Swap in a validated config: categories (and their routers), node settings, queue
+    /// limits. Listeners and addresses stay as they were bound.
+    pub fn apply(&self, next: Config) {
+        let prev = self.config();
+        // Nodes: add new, drop gone (their in-flight requests finish), update the rest.
+        for gone in prev.nodes.iter().filter(|p| !next.nodes.iter().any(|n| n.name == p.name)) {
+            self.registry.remove(&gone.name);
+            tracing::info!(node = %gone.name, "node removed");
+        }
+        for n in &next.nodes {
+            match self.registry.get(&n.name) {
+                Some(node) if node.config.url == n.url && node.config.kind == n.kind => {
+                    node.set_weight(n.weight);
+                    node.set_max_concurrency(n.max_concurrency);
+                    let was = prev.nodes.iter().find(|p| p.name == n.name).map(|p| p.enabled);
+                    if was != Some(n.enabled) {
+                        node.set_enabled(n.enabled);
+                    }
+                }
+                existing => {
+                    if existing.is_some() {
+                        self.registry.remove(&n.name);
+                    }
+                    match self.registry.add(n.clone()) {
+                        Ok(_) => tracing::info!(node = %n.name, url = %n.url, "node added"),
+                        Err(e) => tracing::error!(node = %n.name, error = %e, "node not added"),
+                    }
+                }
+            }
+        }
+        if prev.categories != next.categories {
+            self.routers.store(Arc::new(routers_for(&next, self.seed)));
+        }
+        self.admission.set_limits(next.queue.clone());
+        self.config.store(Arc::new(next));
+        self.admission.dispatch();
     }
 
     fn rng(&self) -> MutexGuard<'_, SmallRng> {
         self.rng.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Pick among `nodes` with the policy of `category`.
-    fn pick(&self, category: &str, nodes: &[Arc<Node>]) -> Option<usize> {
-        self.routers.get(category).or_else(|| self.routers.values().next()).and_then(|r| r.pick(nodes))
+    /// The router of `category` (the default one for a category that just vanished).
+    fn router(&self, category: &str) -> Option<Arc<Router>> {
+        let routers = self.routers.load();
+        routers.get(category).or_else(|| routers.get("default")).or_else(|| routers.values().next()).cloned()
     }
 }
 
@@ -82,8 +147,8 @@ pub struct ProxyState {
     pub listener: Arc<ListenerConfig>,
 }
 
-pub fn router(state: ProxyState) -> Router {
-    Router::new().fallback(handle).with_state(state)
+pub fn router(state: ProxyState) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
 }
 
 /// What kind of endpoint a request is for.
@@ -99,6 +164,8 @@ enum Endpoint {
     Tags,
     Ps,
     V1Models,
+    /// Pull, delete, copy, create: sent to the nodes named in `X-Corral-Node`, or all.
+    ModelOp,
 }
 
 fn classify(method: &Method, path: &str) -> Option<Endpoint> {
@@ -113,9 +180,9 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         "/v1/models" if get => V1Models,
         "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => Model,
         "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" if post => Model,
-        "/api/copy" | "/api/push" if post => Model,
-        "/api/delete" if method == Method::DELETE => Model,
-        "/api/pull" | "/api/create" if post => AnyNode,
+        "/api/push" if post => Model,
+        "/api/pull" | "/api/create" | "/api/copy" if post => ModelOp,
+        "/api/delete" if method == Method::DELETE => ModelOp,
         p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => AnyNode,
         p if p.starts_with("/v1/models/") && get => Model,
         _ => return None,
@@ -171,6 +238,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
 
 async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (BrokerError, u32)> {
     let shared = &state.shared;
+    let config = shared.config();
     let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let Some(endpoint) = classify(&parts.method, &path) else {
@@ -180,9 +248,9 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
         return Ok((http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
             .into_response());
     }
-    let body = read_body(&parts.headers, body, shared.config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
+    let body = read_body(&parts.headers, body, config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
 
-    let model = if endpoint == Endpoint::Model {
+    let model = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
         let name = match path.strip_prefix("/v1/models/") {
             Some(m) => m.to_string(),
             None => model_of(&body).map_err(|e| (e, 0))?,
@@ -191,26 +259,44 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
     } else {
         None
     };
-    let category = categorize(&shared.config, &state.listener, &parts.headers, model.as_deref()).map_err(|e| (e, 0))?;
-    let queue_timeout = queue_timeout(&shared.config, &category, &parts.headers).map_err(|e| (e, 0))?;
+    let category = categorize(&config, &state.listener, &parts.headers, model.as_deref()).map_err(|e| (e, 0))?;
+    let queue_timeout = queue_timeout(&config, &category, &parts.headers).map_err(|e| (e, 0))?;
+    let context_warning = match (model.as_deref(), config.proxy.context_guard) {
+        (Some(m), true) => context::check(shared, &config, &path, m, &body).map_err(|e| (e, 0))?,
+        _ => None,
+    };
 
     match endpoint {
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
         Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
         Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
+        Endpoint::ModelOp => {
+            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model.as_deref())
+                .await
+                .map_err(|e| (e, 0))
+        }
         _ => {}
     }
+    let cat = config.category(&category);
+    let session = parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string);
     let out = Outbound {
         method: parts.method.clone(),
         path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path),
         headers: parts.headers,
         body,
         model,
+        priority: cat.map_or(1, |c| c.priority),
+        origin: state.listener.origin,
+        session,
         category,
         request_id: id.to_string(),
         queue_timeout,
     };
-    forward::forward(shared, out).await
+    let mut response = forward::forward(shared, out).await?;
+    if let Some(w) = context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
+        response.headers_mut().insert("x-corral-context-warning", w);
+    }
+    Ok(response)
 }
 
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum::body::Bytes, BrokerError> {
@@ -316,7 +402,8 @@ mod tests {
         assert_eq!(classify(&Method::GET, "/api/chat"), None, "chat is POST only");
         assert_eq!(classify(&Method::HEAD, "/"), Some(Endpoint::Root));
         assert_eq!(classify(&Method::GET, "/api/tags"), Some(Endpoint::Tags));
-        assert_eq!(classify(&Method::DELETE, "/api/delete"), Some(Endpoint::Model));
+        assert_eq!(classify(&Method::DELETE, "/api/delete"), Some(Endpoint::ModelOp));
+        assert_eq!(classify(&Method::POST, "/api/pull"), Some(Endpoint::ModelOp));
         assert_eq!(classify(&Method::GET, "/nope"), None);
     }
 

@@ -85,11 +85,11 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
 
     match (method.clone(), path.as_str()) {
         (Method::GET | Method::HEAD, "/") => (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running").into_response(),
-        (Method::GET, "/api/tags") => axum::Json(json!({ "models": s.spec.models.iter().map(|m| tag_entry(m)).collect::<Vec<_>>() })).into_response(),
+        (Method::GET, "/api/tags") => axum::Json(json!({ "models": s.models().iter().map(|m| tag_entry(m)).collect::<Vec<_>>() })).into_response(),
         (Method::GET, "/api/ps") => ps(&s),
         (Method::GET, "/v1/models") => axum::Json(json!({
             "object": "list",
-            "data": s.spec.models.iter().map(|m| json!({"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "library"})).collect::<Vec<_>>(),
+            "data": s.models().iter().map(|m| json!({"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "library"})).collect::<Vec<_>>(),
         }))
         .into_response(),
         (Method::POST, "/api/show") => show(&s, &body),
@@ -98,14 +98,36 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         (Method::POST, "/v1/chat/completions") => inference(s, Kind::V1Chat, body).await,
         (Method::POST, "/v1/completions") => inference(s, Kind::V1Completion, body).await,
         (Method::POST, "/api/embed" | "/api/embeddings" | "/v1/embeddings") => embed(s, &path, body).await,
-        (Method::POST, "/api/pull") => pull(&s, &body),
-        (Method::DELETE, "/api/delete") | (Method::POST, "/api/copy" | "/api/create" | "/api/push") => {
-            match model {
-                Some(m) if s.serves(&m) || path == "/api/create" => StatusCode::OK.into_response(),
-                Some(m) => native_error(StatusCode::NOT_FOUND, &format!("model \"{m}\" not found")),
-                None => native_error(StatusCode::BAD_REQUEST, "model is required"),
+        (Method::POST, "/api/pull") => pull(s, &body).await,
+        (Method::DELETE, "/api/delete") => match model {
+            Some(m) if s.remove_model(&m) => StatusCode::OK.into_response(),
+            Some(m) => native_error(StatusCode::NOT_FOUND, &format!("model '{m}' not found")),
+            None => native_error(StatusCode::BAD_REQUEST, "model is required"),
+        },
+        (Method::POST, "/api/copy") => {
+            let field = |k: &str| parsed.as_ref().and_then(|v| v.get(k)).and_then(Value::as_str).map(str::to_string);
+            match (field("source"), field("destination")) {
+                (Some(src), Some(dst)) if s.serves(&src) => {
+                    s.add_model(&dst);
+                    StatusCode::OK.into_response()
+                }
+                (Some(src), Some(_)) => native_error(StatusCode::NOT_FOUND, &format!("model '{src}' not found")),
+                _ => native_error(StatusCode::BAD_REQUEST, "source and destination are required"),
             }
         }
+        (Method::POST, "/api/create") => match model {
+            Some(m) => {
+                s.add_model(&m);
+                let lines = ["{\"status\":\"reading model metadata\"}", "{\"status\":\"writing manifest\"}", "{\"status\":\"success\"}"];
+                (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], lines.join("\n") + "\n").into_response()
+            }
+            None => native_error(StatusCode::BAD_REQUEST, "model is required"),
+        },
+        (Method::POST, "/api/push") => match model {
+            Some(m) if s.serves(&m) => (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], "{\"status\":\"success\"}\n").into_response(),
+            Some(m) => native_error(StatusCode::NOT_FOUND, &format!("model '{m}' not found")),
+            None => native_error(StatusCode::BAD_REQUEST, "model is required"),
+        },
         (Method::GET, "/_sim/faults") => axum::Json(s.faults().clone()).into_response(),
         (Method::POST | Method::PUT, "/_sim/faults") => match serde_json::from_slice::<Faults>(&body) {
             Ok(f) => {
@@ -247,25 +269,48 @@ fn show(s: &Shared, body: &Bytes) -> Response {
     .into_response()
 }
 
-fn pull(s: &Shared, body: &Bytes) -> Response {
-    let model = serde_json::from_slice::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_string));
-    let Some(model) = model else {
-        return native_error(StatusCode::BAD_REQUEST, "model is required");
+/// A pull in Ollama's words: manifest, layer progress, verify, write, success. The model is on
+/// the node afterwards. Progress lines come at the node's token pace, so bars move visibly.
+async fn pull(s: Arc<Shared>, body: &Bytes) -> Response {
+    let req = serde_json::from_slice::<Value>(body).ok();
+    let model =
+        req.as_ref().and_then(|v| v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_string));
+    let Some(model) = model else { return native_error(StatusCode::BAD_REQUEST, "model is required") };
+    let stream = req.as_ref().and_then(|v| v.get("stream")).and_then(Value::as_bool).unwrap_or(true);
+    let pace = {
+        let f = s.faults();
+        Pace::of(&s.spec, &f)
     };
     let total = model_size(&model);
-    let lines = [
-        json!({"status": "pulling manifest"}),
-        json!({"status": format!("pulling {}", &digest(&model)[..12]), "digest": format!("sha256:{}", digest(&model)), "total": total, "completed": total / 2}),
-        json!({"status": format!("pulling {}", &digest(&model)[..12]), "digest": format!("sha256:{}", digest(&model)), "total": total, "completed": total}),
+    let d = digest(&model);
+    let mut lines = vec![json!({"status": "pulling manifest"})];
+    for step in 0..=10u64 {
+        lines.push(json!({"status": format!("pulling {}", &d[..12]), "digest": format!("sha256:{d}"), "total": total, "completed": total * step / 10}));
+    }
+    lines.extend([
         json!({"status": "verifying sha256 digest"}),
         json!({"status": "writing manifest"}),
         json!({"status": "success"}),
-    ];
-    let _ = s;
-    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], text).into_response()
+    ]);
+    if !stream {
+        tokio::time::sleep(pace.per_token * lines.len() as u32).await;
+        s.add_model(&model);
+        return axum::Json(json!({"status": "success"})).into_response();
+    }
+    let state = (lines.into_iter(), s, model, pace.per_token, true);
+    let body = futures_util::stream::unfold(state, |(mut it, s, model, delay, first)| async move {
+        let line = it.next()?;
+        if !first {
+            tokio::time::sleep(delay).await;
+        }
+        if line["status"] == "success" {
+            s.add_model(&model);
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(format!("{line}\n"))), (it, s, model, delay, false)))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    r
 }
 
 fn down(s: Arc<Shared>, body: &Bytes) -> Response {

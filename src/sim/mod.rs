@@ -113,6 +113,8 @@ struct Shared {
     spec: SimSpec,
     addr: SocketAddr,
     faults: Mutex<Faults>,
+    /// Models on "disk" (`/api/tags`): starts as the spec's, changed by pull, copy, create, delete.
+    models: Mutex<Vec<String>>,
     received: Mutex<Vec<Received>>,
     loaded: Mutex<Vec<String>>,
     slots: Arc<Semaphore>,
@@ -133,7 +135,28 @@ impl Shared {
 
     fn serves(&self, model: &str) -> bool {
         let m = crate::config::normalize_model(model);
-        self.spec.models.iter().any(|x| crate::config::normalize_model(x) == m)
+        self.models().contains(&m)
+    }
+
+    fn models(&self) -> Vec<String> {
+        self.models.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn add_model(&self, model: &str) {
+        let m = crate::config::normalize_model(model);
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        if !models.contains(&m) {
+            models.push(m);
+        }
+    }
+
+    fn remove_model(&self, model: &str) -> bool {
+        let m = crate::config::normalize_model(model);
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        let before = models.len();
+        models.retain(|x| *x != m);
+        self.loaded.lock().unwrap_or_else(|p| p.into_inner()).retain(|x| *x != m);
+        models.len() != before
     }
 }
 
@@ -159,6 +182,7 @@ impl SimNode {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(spec.parallel.max(1))),
+            models: Mutex::new(spec.models.iter().map(|m| crate::config::normalize_model(m)).collect()),
             spec,
             addr,
             faults: Mutex::new(Faults::default()),
@@ -174,7 +198,7 @@ impl SimNode {
             next_id: AtomicUsize::new(1),
         });
         serve(&shared, listener);
-        tracing::info!(%addr, models = ?shared.spec.models, "simulated node listening");
+        tracing::info!(%addr, models = ?shared.models(), "simulated node listening");
         Ok(Self { shared })
     }
 
@@ -226,6 +250,11 @@ impl SimNode {
     /// Inference answers sent to the end.
     pub fn completed(&self) -> usize {
         self.shared.completed.load(Ordering::Acquire)
+    }
+
+    /// Models the node has now.
+    pub fn models(&self) -> Vec<String> {
+        self.shared.models()
     }
 
     /// Requests generating right now.

@@ -30,6 +30,8 @@ pub fn cluster(n: usize) -> ClusterBuilder {
     config.health.deep_interval_ms = 3_600_000;
     config.retry.backoff_base_ms = 1;
     config.retry.backoff_cap_ms = 5;
+    // Which node has a model loaded depends on probe timing; tests that want affinity say so.
+    config.categories[0].affinity = false;
     ClusterBuilder { specs: vec![SimSpec::default(); n], config, tweaks: Vec::new() }
 }
 
@@ -78,7 +80,7 @@ impl Cluster {
     /// Run the deep probe on every node now, so routing knows who has which model.
     pub async fn learn_models(&self) {
         let client = reqwest::Client::new();
-        for node in self.broker.registry().all() {
+        for node in self.broker.registry().all().iter() {
             corral::health::probe_deep(&client, node, Duration::from_secs(2)).await;
         }
     }
@@ -99,8 +101,8 @@ impl Cluster {
         .await
     }
 
-    pub fn node(&self, i: usize) -> &std::sync::Arc<corral::node::Node> {
-        &self.broker.registry().all()[i]
+    pub fn node(&self, i: usize) -> std::sync::Arc<corral::node::Node> {
+        std::sync::Arc::clone(&self.broker.registry().all()[i])
     }
 
     /// Inference requests each sim received.

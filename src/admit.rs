@@ -1,0 +1,243 @@
+//! Admission: a request runs only when a node that can serve it has a free slot
+//! (`max_concurrency`) and its breaker lets it through; otherwise it waits in the broker's
+//! queue.
+//!
+//! The queue is ordered by category priority (0 first), then origin (`local` before `remote`,
+//! taken from the listener that accepted the socket, never from headers), then arrival (FIFO).
+//! It is bounded by count and by total queued body bytes; past either bound a request is
+//! refused at once with 429. A waiting request leaves the queue when it is placed, when its
+//! queue timeout passes (503), or when its client goes away. A running request is never
+//! pre-empted: priority only decides who gets the next free slot.
+//!
+//! Placement is work-conserving: whenever a slot frees or a node changes state, the dispatcher
+//! walks the queue in order and places every waiter that fits somewhere, so a high-priority
+//! request for a busy model does not hold up a low-priority one for an idle node.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use arc_swap::ArcSwap;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Origin, QueueConfig};
+use crate::error::BrokerError;
+use crate::node::{InFlight, Node, Registry};
+use crate::route::{self, NoCandidate, PickCtx, Router};
+
+/// What admission needs to know about a request.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub model: Option<String>,
+    pub session: Option<String>,
+    pub tried: Vec<Arc<Node>>,
+    pub router: Arc<Router>,
+    pub priority: u32,
+    pub origin: Origin,
+    pub body_bytes: usize,
+}
+
+type Key = (u32, u8, u64);
+
+struct Waiter {
+    ticket: Ticket,
+    tx: oneshot::Sender<Result<InFlight, BrokerError>>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiters: BTreeMap<Key, Waiter>,
+    bytes: usize,
+}
+
+enum Placement {
+    Placed(InFlight),
+    Full,
+    Impossible(BrokerError),
+}
+
+pub struct Admission {
+    registry: Arc<Registry>,
+    limits: ArcSwap<QueueConfig>,
+    queue: Mutex<Queue>,
+    seq: AtomicU64,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission").field("depth", &self.depth()).finish()
+    }
+}
+
+impl Admission {
+    pub fn new(registry: Arc<Registry>, limits: QueueConfig) -> Self {
+        Self {
+            registry,
+            limits: ArcSwap::from_pointee(limits),
+            queue: Mutex::new(Queue::default()),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn set_limits(&self, limits: QueueConfig) {
+        self.limits.store(Arc::new(limits));
+    }
+
+    /// Requests waiting right now.
+    pub fn depth(&self) -> usize {
+        self.lock().waiters.len()
+    }
+
+    /// Body bytes waiting right now.
+    pub fn queued_bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wait for a slot until `deadline`. The returned guard holds it.
+    pub async fn admit(
+        &self,
+        ticket: Ticket,
+        deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> Result<InFlight, BrokerError> {
+        let started = Instant::now();
+        let (key, mut rx) = {
+            let mut q = self.lock();
+            if q.waiters.is_empty() {
+                // Nobody ahead: take a slot directly if there is one.
+                match self.place(&ticket) {
+                    Placement::Placed(g) => return Ok(g),
+                    Placement::Impossible(e) => return Err(e),
+                    Placement::Full => {}
+                }
+            } else {
+                self.candidates(&ticket)?;
+            }
+            let limits = self.limits.load();
+            if q.waiters.len() >= limits.max_requests || q.bytes + ticket.body_bytes > limits.max_bytes {
+                return Err(BrokerError::QueueFull { depth: q.waiters.len(), bytes: q.bytes });
+            }
+            let origin = match ticket.origin {
+                Origin::Local => 0,
+                Origin::Remote => 1,
+            };
+            let key = (ticket.priority, origin, self.seq.fetch_add(1, Ordering::Relaxed));
+            let (tx, rx) = oneshot::channel();
+            q.bytes += ticket.body_bytes;
+            q.waiters.insert(key, Waiter { ticket, tx });
+            (key, rx)
+        };
+        // Leaves the queue however this future ends (placed, timed out, client gone).
+        let _slot = QueueSlot { admission: self, key };
+        self.dispatch();
+        tokio::select! {
+            placed = &mut rx => placed.unwrap_or(Err(BrokerError::ShuttingDown)),
+            _ = tokio::time::sleep_until(deadline) => {
+                let still_queued = self.remove(key);
+                match rx.try_recv() {
+                    // Placed in the same instant the timeout fired: take the slot.
+                    Ok(placed) if !still_queued => placed,
+                    _ => Err(BrokerError::QueueTimeout { waited_ms: started.elapsed().as_millis() as u64 }),
+                }
+            }
+            _ = shutdown.cancelled() => Err(BrokerError::ShuttingDown),
+        }
+    }
+
+    fn remove(&self, key: Key) -> bool {
+        let mut q = self.lock();
+        match q.waiters.remove(&key) {
+            Some(w) => {
+                q.bytes = q.bytes.saturating_sub(w.ticket.body_bytes);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Place every waiter that fits, in queue order.
+    pub fn dispatch(&self) {
+        let mut undeliverable = Vec::new();
+        {
+            let mut q = self.lock();
+            let keys: Vec<Key> = q.waiters.keys().copied().collect();
+            for key in keys {
+                let Some(w) = q.waiters.get(&key) else { continue };
+                let result = match self.place(&w.ticket) {
+                    Placement::Full => continue,
+                    Placement::Placed(g) => Ok(g),
+                    Placement::Impossible(e) => Err(e),
+                };
+                if let Some(w) = q.waiters.remove(&key) {
+                    q.bytes = q.bytes.saturating_sub(w.ticket.body_bytes);
+                    if let Err(Ok(guard)) = w.tx.send(result) {
+                        undeliverable.push(guard);
+                    }
+                }
+            }
+        }
+        // Slots of waiters that left in the meantime are freed outside the lock.
+        drop(undeliverable);
+    }
+
+    fn candidates(&self, ticket: &Ticket) -> Result<Vec<Arc<Node>>, BrokerError> {
+        let model = ticket.model.as_deref();
+        route::candidates(&self.registry, model, &ticket.tried).map_err(|why| match (why, model) {
+            (NoCandidate::UnknownModel, Some(m)) => BrokerError::ModelNotFound(m.to_string()),
+            _ => BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() },
+        })
+    }
+
+    /// Try to give `ticket` a slot now.
+    fn place(&self, ticket: &Ticket) -> Placement {
+        let model = ticket.model.as_deref();
+        let candidates = match self.candidates(ticket) {
+            Ok(c) => c,
+            Err(e) => return Placement::Impossible(e),
+        };
+        let now = Instant::now();
+        let allowed: Vec<bool> = candidates.iter().map(|n| n.breaker_allows(now)).collect();
+        // The last node standing is never ejected: when every breaker is open, ignore them.
+        let force = !allowed.iter().any(|a| *a);
+        let free: Vec<Arc<Node>> = candidates
+            .iter()
+            .zip(&allowed)
+            .filter(|(n, ok)| n.has_capacity() && (force || **ok))
+            .map(|(n, _)| Arc::clone(n))
+            .collect();
+        let ctx = PickCtx { model, session: ticket.session.as_deref(), now };
+        let Some(i) = ticket.router.pick(&free, &ctx) else { return Placement::Full };
+        match free[i].try_dispatch(force) {
+            Some(g) => Placement::Placed(g),
+            None => Placement::Full,
+        }
+    }
+
+    /// Run the dispatcher whenever a slot frees or a node changes, until `cancel`.
+    pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let wake = Arc::clone(self.registry.wake());
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = wake.notified() => self.dispatch(),
+            }
+        }
+    }
+}
+
+struct QueueSlot<'a> {
+    admission: &'a Admission,
+    key: Key,
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.admission.remove(self.key);
+    }
+}

@@ -1,0 +1,90 @@
+//! Context-length guard: refuse a prompt that cannot fit the context it will run with, instead
+//! of letting Ollama silently drop its beginning.
+//!
+//! The context a request runs with is `options.num_ctx` when the request sets it, else the
+//! largest `context_length` a node serving the model reports in `/api/ps`, else
+//! `proxy.default_num_ctx` (Ollama's default, 4096).
+//!
+//! The prompt's size is estimated as (UTF-8 bytes of all message and prompt text) / 4, rounded
+//! up. That is a lower bound for real tokenizers: English runs about 4 bytes per token, and
+//! Chinese about 3 bytes per character with at least one token per one or two characters. So
+//! the guard errs towards letting a prompt through: it refuses only prompts that surely do not
+//! fit, and warns (`X-Corral-Context-Warning`) above 85%.
+
+use serde_json::Value;
+
+use super::Shared;
+use crate::config::Config;
+use crate::error::BrokerError;
+
+/// Share of the context above which a request passes with a warning header.
+const WARN_SHARE: f64 = 0.85;
+
+/// Estimated prompt tokens of a request body, or `None` for endpoints without a prompt.
+pub fn estimate_tokens(path: &str, body: &Value) -> Option<u64> {
+    let mut bytes = 0usize;
+    let mut add = |v: Option<&Value>| {
+        if let Some(Value::String(s)) = v {
+            bytes += s.len();
+        }
+    };
+    match path {
+        "/api/chat" | "/v1/chat/completions" => {
+            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                match m.get("content") {
+                    Some(Value::Array(parts)) => parts.iter().for_each(|p| add(p.get("text"))),
+                    other => add(other),
+                }
+            }
+        }
+        "/api/generate" | "/v1/completions" => {
+            add(body.get("prompt"));
+            add(body.get("system"));
+        }
+        _ => return None,
+    }
+    Some(bytes.div_ceil(4) as u64)
+}
+
+/// `Ok(Some(warning))` for a prompt above 85% of its context, `Err` when it cannot fit.
+pub(super) fn check(
+    shared: &Shared,
+    config: &Config,
+    path: &str,
+    model: &str,
+    body: &[u8],
+) -> Result<Option<String>, BrokerError> {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
+    let Some(estimated) = estimate_tokens(path, &v) else { return Ok(None) };
+    let requested = v.get("options").and_then(|o| o.get("num_ctx")).and_then(Value::as_u64).filter(|n| *n > 0);
+    let learned = shared.registry.all().iter().filter_map(|n| n.context_length(model)).max();
+    let limit = requested.or(learned).unwrap_or(config.proxy.default_num_ctx);
+    if estimated > limit {
+        return Err(BrokerError::ContextTooLong { estimated, limit });
+    }
+    if estimated as f64 > limit as f64 * WARN_SHARE {
+        return Ok(Some(format!("prompt is about {estimated} of {limit} context tokens")));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn estimate_is_a_lower_bound_by_bytes() {
+        let body = json!({"messages": [{"role": "system", "content": "abcd"}, {"role": "user", "content": "abcde"}]});
+        assert_eq!(estimate_tokens("/api/chat", &body), Some(3));
+        let zh = json!({"prompt": "你好世界"});
+        assert_eq!(
+            estimate_tokens("/api/generate", &zh),
+            Some(3),
+            "12 bytes of Chinese count as 3 tokens, fewer than real"
+        );
+        assert_eq!(estimate_tokens("/api/embed", &json!({"input": "x"})), None);
+        let parts = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}]});
+        assert_eq!(estimate_tokens("/v1/chat/completions", &parts), Some(2));
+    }
+}
