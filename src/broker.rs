@@ -57,11 +57,15 @@ pub fn tuning(config: &Config) -> crate::node::NodeTuning {
 pub struct StartOptions {
     /// Seed every random choice (tie-breaks, backoff jitter) for reproducible runs.
     pub seed: Option<u64>,
+    /// The admin API's bearer token; generated when not given.
+    pub admin_token: Option<String>,
 }
 
 pub struct Broker {
     shared: Arc<proxy::Shared>,
     proxy_addrs: Vec<SocketAddr>,
+    admin_addr: SocketAddr,
+    admin_token: Arc<String>,
     cancel: CancellationToken,
     tracker: TaskTracker,
 }
@@ -100,6 +104,13 @@ impl Broker {
             bound.push((listener, l.clone()));
         }
 
+        let admin_listener = TcpListener::bind(&config.admin.addr)
+            .await
+            .map_err(|source| StartError::Bind { addr: config.admin.addr.clone(), source })?;
+        let admin_addr = admin_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr: config.admin.addr.clone(), source })?;
+
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         let health = config.health.clone();
@@ -120,14 +131,35 @@ impl Broker {
                 }
             });
         }
+        let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
+        let admin_app = crate::admin::router(crate::admin::AdminState {
+            shared: Arc::clone(&shared),
+            token: Arc::clone(&admin_token),
+        });
+        let stop = cancel.clone();
+        tracker.spawn(async move {
+            tracing::info!(addr = %admin_addr, "admin API listening");
+            let serve = axum::serve(admin_listener, admin_app).with_graceful_shutdown(stop.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(addr = %admin_addr, error = %e, "admin listener failed");
+            }
+        });
         tracker.spawn(crate::health::run(Arc::clone(&registry), client.clone(), health, cancel.clone()));
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
-        Ok(Self { shared, proxy_addrs, cancel, tracker })
+        Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker })
     }
 
     /// The first proxy listener's address (the one clients use).
     pub fn proxy_addr(&self) -> SocketAddr {
         self.proxy_addrs[0]
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
     }
 
     pub fn proxy_addrs(&self) -> &[SocketAddr] {
@@ -166,4 +198,12 @@ impl Broker {
             tracing::info!("drained");
         }
     }
+}
+
+/// 32 random bytes, hex: the admin token when none is configured.
+fn generate_token() -> String {
+    use rand::RngCore;
+    let mut bytes = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -488,7 +488,8 @@ impl Config {
                     format!("\"{}\" is not an address like 127.0.0.1:11400", l.addr),
                 ),
                 Ok(a) => {
-                    if !addrs.insert(a) {
+                    // Port 0 means "any free port": never a clash.
+                    if a.port() != 0 && !addrs.insert(a) {
                         push(format!("listeners[{i}].addr"), format!("{a} is used twice"));
                     }
                 }
@@ -504,7 +505,7 @@ impl Config {
                 push("admin.addr".into(), format!("\"{}\" is not an address like 127.0.0.1:11402", self.admin.addr))
             }
             Ok(a) => {
-                if addrs.contains(&a) {
+                if a.port() != 0 && addrs.contains(&a) {
                     push("admin.addr".into(), format!("{a} is also a proxy listener"));
                 }
             }

@@ -4,6 +4,7 @@
 //! parse arguments, set up tracing, start a [`broker::Broker`] and translate lifecycle events.
 //! See DESIGN.md for the request path; each module's doc says what its concept is.
 
+pub mod admin;
 pub mod admit;
 pub mod breaker;
 pub mod broker;

@@ -45,6 +45,9 @@ enum Command {
         /// How many simulated nodes.
         #[arg(long, default_value_t = 3)]
         nodes: usize,
+        /// Admin API port (0: any free port).
+        #[arg(long, default_value_t = 11402)]
+        admin_port: u16,
     },
     /// Run simulated Ollama node(s) on loopback.
     Sim {
@@ -113,7 +116,7 @@ fn init_tracing(format: LogFormat) {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Serve { config } => serve(config.as_deref()).await,
-        Command::Demo { port, nodes } => demo(port, nodes).await,
+        Command::Demo { port, nodes, admin_port } => demo(port, nodes, admin_port).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue } => {
             let spec = SimSpec {
                 models,
@@ -161,7 +164,7 @@ async fn serve(config: Option<&Path>) -> ExitCode {
         Err(code) => return code,
     };
     tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
-    let broker = match Broker::start(config, StartOptions::default()).await {
+    let broker = match Broker::start(config, start_options()).await {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
@@ -169,12 +172,13 @@ async fn serve(config: Option<&Path>) -> ExitCode {
         }
     };
     eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
+    eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
     wait_for_signal().await;
     broker.shutdown().await;
     ExitCode::SUCCESS
 }
 
-async fn demo(port: u16, n: usize) -> ExitCode {
+async fn demo(port: u16, n: usize, admin_port: u16) -> ExitCode {
     let catalog: [&[&str]; 3] = [
         &["llama3.2:latest", "qwen2.5:7b", "nomic-embed-text:latest"],
         &["llama3.2:latest", "nomic-embed-text:latest"],
@@ -183,6 +187,7 @@ async fn demo(port: u16, n: usize) -> ExitCode {
     let mut sims = Vec::new();
     let mut config = Config::default();
     config.listeners[0].addr = SocketAddr::from(([127, 0, 0, 1], port)).to_string();
+    config.admin.addr = SocketAddr::from(([127, 0, 0, 1], admin_port)).to_string();
     config.nodes.clear();
     for i in 0..n.max(1) {
         let spec = SimSpec {
@@ -205,7 +210,7 @@ async fn demo(port: u16, n: usize) -> ExitCode {
         });
         sims.push(node);
     }
-    let broker = match Broker::start(config, StartOptions::default()).await {
+    let broker = match Broker::start(config, start_options()).await {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
@@ -221,6 +226,7 @@ async fn demo(port: u16, n: usize) -> ExitCode {
     println!();
     println!("  Ollama API:  {url}");
     println!("  OpenAI API:  {url}/v1");
+    println!("  Admin API:   http://{}  (Authorization: Bearer {})", broker.admin_addr(), broker.admin_token());
     println!();
     println!("Try:");
     println!("  curl {url}/api/tags");
@@ -268,6 +274,14 @@ fn config_check(file: &Path, verbose: bool) -> ExitCode {
             eprintln!("{}: {e}", file.display());
             ExitCode::from(2)
         }
+    }
+}
+
+/// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.
+fn start_options() -> StartOptions {
+    StartOptions {
+        admin_token: std::env::var("CORRAL_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
+        ..StartOptions::default()
     }
 }
 

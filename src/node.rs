@@ -146,6 +146,8 @@ pub enum Outcome {
     StreamCut,
     /// The client went away; says nothing about the node.
     ClientGone,
+    /// The node answered 404 "model not found": its model list was stale. Not a failure.
+    ModelMissing,
 }
 
 impl Outcome {
@@ -359,6 +361,14 @@ impl Node {
     pub fn has_hot(&self, model: &str) -> bool {
         let m = normalize_model(model);
         self.loaded.load().iter().any(|l| normalize_model(&l.name) == m && l.fully_in_vram())
+    }
+
+    /// The node said it lacks `model`: stop routing it there until a probe says otherwise.
+    pub fn forget_model(&self, model: &str) {
+        let m = normalize_model(model);
+        let mut set = self.models().unwrap_or_default();
+        set.remove(&m);
+        self.models.store(Arc::new(Some(set)));
     }
 
     pub fn set_loaded(&self, loaded: Vec<LoadedModel>) {

@@ -214,8 +214,13 @@ pub struct Sticky {
 
 pub const VIRTUAL_NODES: usize = 160;
 
+/// FNV-1a with a SplitMix64 finalizer: FNV alone leaves keys that differ in their last
+/// character close together on the ring.
 fn hash64(s: &str) -> u64 {
-    crate::sim::text::hash(&[s])
+    let mut z = crate::sim::text::hash(&[s]);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 impl Balance for Sticky {

@@ -107,7 +107,9 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
 }
 
 fn config_for(nodes: &[String]) -> String {
-    let mut text = String::from("[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 200\n\n");
+    let mut text = String::from(
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 200\n\n",
+    );
     for (i, url) in nodes.iter().enumerate() {
         text += &format!("[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n");
     }
@@ -216,7 +218,7 @@ fn serve_refuses_a_broken_config_with_exit_2() {
 fn serve_fails_clearly_when_its_port_is_taken() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr");
-    let cfg = temp_file("taken", &format!("[[listeners]]\naddr = \"{addr}\"\n"));
+    let cfg = temp_file("taken", &format!("[[listeners]]\naddr = \"{addr}\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n"));
     let (code, _, err) = run(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
     assert_eq!(code, 1);
     assert!(err.contains(&addr.to_string()) && err.contains("cannot listen"), "{err}");
@@ -244,7 +246,7 @@ async fn demo_starts_and_serves() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let demo = Proc::spawn(&["demo", "--port", &port.to_string()]);
+    let demo = Proc::spawn(&["demo", "--port", &port.to_string(), "--admin-port", "0"]);
     let base = demo.url("Ollama API:");
     let tags: Value = reqwest::get(format!("{base}/api/tags")).await.expect("answer").json().await.expect("json");
     assert!(tags["models"].as_array().is_some_and(|m| m.len() >= 3), "{tags}");

@@ -543,3 +543,18 @@ async fn graceful_shutdown_lets_a_running_stream_finish() {
     shutdown.await.expect("shutdown finishes");
     drop(sims);
 }
+
+#[tokio::test]
+async fn a_stale_model_list_is_corrected_by_the_nodes_own_404() {
+    // Before any deep probe the broker does not know who has what.
+    let c = cluster(2).policy(Policy::RoundRobin).models(0, &["only-on-0"]).models(1, &["only-on-1"]).start().await;
+    for _ in 0..4 {
+        let r = c.post("/api/generate", json!({"model": "only-on-1", "prompt": "x", "stream": false})).await;
+        assert_eq!(r.status(), 200, "the request finds the node that has the model");
+        assert_eq!(r.headers()["x-corral-node"], "n1");
+    }
+    assert_eq!(c.node(0).serves("only-on-1"), Some(false), "n0's 404 was remembered");
+    let r = c.post("/api/generate", json!({"model": "nowhere", "prompt": "x", "stream": false})).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "model_not_found");
+}

@@ -108,12 +108,15 @@ pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (Broker
         }
     }
     let attempts = failures.len() as u32;
-    Err((summarize(&failures), attempts))
+    Err((summarize(&failures, out.model.as_deref()), attempts))
 }
 
 /// Turn the failed attempts into the one error the client sees.
-fn summarize(failures: &[(String, AttemptFailed)]) -> BrokerError {
+fn summarize(failures: &[(String, AttemptFailed)], model: Option<&str>) -> BrokerError {
     let attempts = failures.len() as u32;
+    if let (Some(m), true) = (model, failures.iter().all(|(_, f)| f.outcome == Outcome::ModelMissing)) {
+        return BrokerError::ModelNotFound(m.to_string());
+    }
     let detail = failures.iter().map(|(n, f)| format!("{n}: {}", f.detail)).collect::<Vec<_>>().join("; ");
     let reached = failures.iter().any(|(_, f)| f.outcome != Outcome::ConnectFailed);
     if !reached {
@@ -191,6 +194,21 @@ async fn attempt_once(
         ));
     }
 
+    if status == StatusCode::NOT_FOUND && out.model.is_some() && !out.path_and_query.starts_with("/api/show") {
+        let body = read_small(resp, Duration::from_secs(2)).await;
+        if body.contains("not found") {
+            // Stale model list (say, before the first deep probe): try a node that has it.
+            if let Some(m) = &out.model {
+                node.forget_model(m);
+            }
+            return Err(failed(&mut guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
+        }
+        let mut r = Response::new(Body::from(body));
+        *r.status_mut() = status;
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        guard.judge(Outcome::Success);
+        return Ok(r);
+    }
     let resp_headers = copy_headers(resp.headers());
     let framing = Framing::of(&resp_headers);
     let mut upstream = resp.bytes_stream().boxed();
@@ -407,13 +425,17 @@ mod tests {
         assert_eq!(out["authorization"], "Bearer t");
     }
 
+    fn summarize_any(f: &[(String, AttemptFailed)]) -> BrokerError {
+        summarize(f, None)
+    }
+
     #[test]
     fn summary_never_claims_a_forwarded_request_was_not_executed() {
         let f = |outcome| (String::from("n"), AttemptFailed { outcome, detail: String::new() });
-        assert_eq!(summarize(&[f(Outcome::ConnectFailed)]).code(), "no_node_reachable");
-        assert!(!summarize(&[f(Outcome::ConnectFailed), f(Outcome::ConnectFailed)]).forwarded());
-        assert!(summarize(&[f(Outcome::ConnectFailed), f(Outcome::Failed)]).forwarded());
-        assert_eq!(summarize(&[f(Outcome::Failed), f(Outcome::TimedOut)]).code(), "upstream_timeout");
-        assert_eq!(summarize(&[f(Outcome::Busy), f(Outcome::Busy)]).code(), "cluster_busy");
+        assert_eq!(summarize_any(&[f(Outcome::ConnectFailed)]).code(), "no_node_reachable");
+        assert!(!summarize_any(&[f(Outcome::ConnectFailed), f(Outcome::ConnectFailed)]).forwarded());
+        assert!(summarize_any(&[f(Outcome::ConnectFailed), f(Outcome::Failed)]).forwarded());
+        assert_eq!(summarize_any(&[f(Outcome::Failed), f(Outcome::TimedOut)]).code(), "upstream_timeout");
+        assert_eq!(summarize_any(&[f(Outcome::Busy), f(Outcome::Busy)]).code(), "cluster_busy");
     }
 }

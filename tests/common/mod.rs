@@ -7,6 +7,8 @@ use corral::config::{Config, NodeConfig, Policy};
 use corral::sim::{SimNode, SimSpec};
 use corral::{Broker, StartOptions};
 
+pub const TOKEN: &str = "test-admin-token";
+
 pub struct Cluster {
     pub sims: Vec<SimNode>,
     pub broker: Broker,
@@ -25,6 +27,7 @@ pub struct ClusterBuilder {
 pub fn cluster(n: usize) -> ClusterBuilder {
     let mut config = Config::default();
     config.listeners[0].addr = "127.0.0.1:0".into();
+    config.admin.addr = "127.0.0.1:0".into();
     // Probes are driven explicitly by the tests that need them.
     config.health.interval_ms = 3_600_000;
     config.health.deep_interval_ms = 3_600_000;
@@ -66,7 +69,9 @@ impl ClusterBuilder {
         for tweak in self.tweaks {
             tweak(&mut self.config);
         }
-        let broker = Broker::start(self.config, StartOptions { seed: Some(7) }).await.expect("broker starts");
+        let broker = Broker::start(self.config, StartOptions { seed: Some(7), admin_token: Some(TOKEN.into()) })
+            .await
+            .expect("broker starts");
         let client = reqwest::Client::builder().build().expect("client");
         Cluster { sims, broker, client }
     }
@@ -83,6 +88,20 @@ impl Cluster {
         for node in self.broker.registry().all().iter() {
             corral::health::probe_deep(&client, node, Duration::from_secs(2)).await;
         }
+    }
+
+    /// URL on the `i`-th proxy listener.
+    pub fn url_on(&self, i: usize, path: &str) -> String {
+        format!("http://{}{}", self.broker.proxy_addrs()[i], path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.broker.admin_addr(), path)
+    }
+
+    /// An authorized request to the admin API.
+    pub fn admin(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, self.admin_url(path)).bearer_auth(TOKEN)
     }
 
     pub async fn post(&self, path: &str, body: serde_json::Value) -> reqwest::Response {

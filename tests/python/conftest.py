@@ -56,7 +56,7 @@ def sims():
 def corral(request, sims):
     """Base URL of a running broker: `corral serve` over three sims, or `corral demo`."""
     if request.param == "serve":
-        cfg = "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n"
+        cfg = "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n"
         for i, url in enumerate(sims):
             cfg += f"[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n"
         path = os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "corral.toml")
@@ -65,7 +65,7 @@ def corral(request, sims):
         proc = Proc("serve", "--config", path)
         (url,) = proc.urls("serving the Ollama API on")
     else:
-        proc = Proc("demo", "--port", str(free_port()))
+        proc = Proc("demo", "--port", str(free_port()), "--admin-port", "0")
         (url,) = proc.urls("Ollama API:")
     yield url
     proc.stop()

@@ -94,7 +94,7 @@ def test_ollama_client_sees_a_mid_stream_failure_as_an_error(sims):
     """A node that breaks off mid-answer surfaces as ResponseError, never as a finished answer."""
     from conftest import Proc
     import os, tempfile
-    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[[nodes]]\nname = \"only\"\nurl = \"{sims[0]}\"\n"
+    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[[nodes]]\nname = \"only\"\nurl = \"{sims[0]}\"\n"
     path = os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "corral.toml")
     with open(path, "w") as f:
         f.write(cfg)

@@ -1,0 +1,369 @@
+//! The admin listener: JSON API for operators, the CLI and the UI (loopback by default).
+//!
+//! Everything but `GET /healthz` needs the bearer token (`Authorization: Bearer <token>`, or
+//! `?token=` for clients that cannot set headers, like `EventSource`), compared in constant
+//! time. Changes go draft -> validate -> swap: a node or category edit is applied to a copy of
+//! the running config, the whole copy is validated, and only then swapped in, so the broker
+//! never runs a config that `corral config check` would refuse. In-flight requests are never
+//! dropped by a change: a removed node's requests hold their own handle and finish.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use http::{header, StatusCode};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use subtle::ConstantTimeEq;
+
+use crate::config::{CategoryConfig, Config, NodeConfig};
+use crate::node::{Admin, Node};
+use crate::proxy::Shared;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub shared: Arc<Shared>,
+    pub token: Arc<String>,
+}
+
+/// Errors of the admin API, each with a stable code.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("missing or wrong admin token; send Authorization: Bearer <token>")]
+    Unauthorized,
+    #[error("no {kind} named \"{name}\"")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} \"{name}\" already exists")]
+    Conflict { kind: &'static str, name: String },
+    #[error("the change would make the config invalid: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    #[error("body is not valid JSON for this endpoint: {0}")]
+    BadBody(String),
+}
+
+impl AdminError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound { .. } => "not_found",
+            Self::Conflict { .. } => "conflict",
+            Self::Invalid(_) => "invalid_config",
+            Self::BadBody(_) => "malformed_json",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.to_string(), "code": self.code() });
+        if let Self::Invalid(problems) = &self {
+            body["problems"] = json!(problems);
+        }
+        let mut r = (self.status(), Json(body)).into_response();
+        if matches!(self, Self::Unauthorized) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+/// The admin router. `routes()` lists every path so tests can check each one needs the token.
+pub fn router(state: AdminState) -> Router {
+    let protected = Router::new()
+        .route("/help", get(help))
+        .route("/admin/status", get(status))
+        .route("/admin/nodes", get(list_nodes).post(add_node))
+        .route("/admin/nodes/{name}", get(get_node).patch(patch_node).delete(delete_node))
+        .route("/admin/categories", get(list_categories).put(put_categories))
+        .route("/admin/categories/{name}", get(get_category).put(put_category).delete(delete_category))
+        .route("/admin/config/export", get(export_config))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
+    Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
+}
+
+/// Every protected (method, path) pair, for tests that must not let a route slip past the token.
+pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
+    ("GET", "/help"),
+    ("GET", "/admin/status"),
+    ("GET", "/admin/nodes"),
+    ("POST", "/admin/nodes"),
+    ("GET", "/admin/nodes/x"),
+    ("PATCH", "/admin/nodes/x"),
+    ("DELETE", "/admin/nodes/x"),
+    ("GET", "/admin/categories"),
+    ("PUT", "/admin/categories"),
+    ("GET", "/admin/categories/x"),
+    ("PUT", "/admin/categories/x"),
+    ("DELETE", "/admin/categories/x"),
+    ("GET", "/admin/config/export"),
+];
+
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let from_header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let from_query = req.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
+    });
+    let given = from_header.or(from_query).unwrap_or_default();
+    if bool::from(given.as_bytes().ct_eq(state.token.as_bytes())) {
+        next.run(req).await
+    } else {
+        AdminError::Unauthorized.into_response()
+    }
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+fn node_json(n: &Node) -> Value {
+    let now = tokio::time::Instant::now();
+    json!({
+        "name": n.name(),
+        "url": n.config.url,
+        "kind": n.config.kind,
+        "state": n.state(),
+        "health": n.health(),
+        "admin": n.admin(),
+        "breaker": n.breaker_state(),
+        "weight": n.weight(),
+        "max_concurrency": n.max_concurrency(),
+        "in_flight": n.in_flight(),
+        "served": n.served(),
+        "ttfb_ms": n.ttfb_estimate(now).map(|d| d.as_secs_f64() * 1000.0),
+        "slow_start_share": n.slow_start_factor(now),
+        "models": n.models(),
+        "loaded": *n.loaded(),
+    })
+}
+
+async fn status(State(s): State<AdminState>) -> Json<Value> {
+    let nodes: Vec<Value> = s.shared.registry.all().iter().map(|n| node_json(n)).collect();
+    let config = s.shared.config();
+    Json(json!({
+        "nodes": nodes,
+        "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
+        "categories": config.categories,
+    }))
+}
+
+async fn list_nodes(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!(s.shared.registry.all().iter().map(|n| node_json(n)).collect::<Vec<_>>()))
+}
+
+async fn get_node(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name })?;
+    Ok(Json(node_json(&node)))
+}
+
+/// Validate `next` as a whole and swap it in.
+fn commit(s: &AdminState, next: Config) -> Result<(), AdminError> {
+    let problems = next.validate();
+    if !problems.is_empty() {
+        return Err(AdminError::Invalid(problems.into_iter().map(|(p, m)| format!("{p}: {m}")).collect()));
+    }
+    s.shared.apply(next);
+    Ok(())
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminError> {
+    serde_json::from_slice(body).map_err(|e| AdminError::BadBody(e.to_string()))
+}
+
+async fn add_node(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Response, AdminError> {
+    let node: NodeConfig = parse(&body)?;
+    let mut next = Config::clone(&s.shared.config());
+    if next.nodes.iter().any(|n| n.name == node.name) {
+        return Err(AdminError::Conflict { kind: "node", name: node.name });
+    }
+    next.nodes.push(node.clone());
+    commit(&s, next)?;
+    let created = s.shared.registry.get(&node.name).map(|n| node_json(&n)).unwrap_or(Value::Null);
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+/// Fields an operator may change on a running node.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodePatch {
+    enabled: Option<bool>,
+    draining: Option<bool>,
+    weight: Option<u32>,
+    max_concurrency: Option<u32>,
+}
+
+async fn patch_node(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let patch: NodePatch = parse(&body)?;
+    let node = s.shared.registry.get(&name).ok_or_else(|| AdminError::NotFound { kind: "node", name: name.clone() })?;
+    let mut next = Config::clone(&s.shared.config());
+    if let Some(entry) = next.nodes.iter_mut().find(|n| n.name == name) {
+        if let Some(e) = patch.enabled {
+            entry.enabled = e;
+        }
+        if let Some(w) = patch.weight {
+            entry.weight = w;
+        }
+        if let Some(m) = patch.max_concurrency {
+            entry.max_concurrency = m;
+        }
+    }
+    commit(&s, next)?;
+    // Draining is a runtime action, not config: it ends when the operator says so.
+    match (patch.draining, node.admin()) {
+        (Some(true), Admin::Active) => node.set_admin(Admin::Draining),
+        (Some(false), Admin::Draining) => node.set_admin(Admin::Active),
+        _ => {}
+    }
+    Ok(Json(node_json(&node)))
+}
+
+async fn delete_node(State(s): State<AdminState>, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
+    let mut next = Config::clone(&s.shared.config());
+    let before = next.nodes.len();
+    next.nodes.retain(|n| n.name != name);
+    if next.nodes.len() == before {
+        return Err(AdminError::NotFound { kind: "node", name });
+    }
+    commit(&s, next)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_categories(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!(s.shared.config().categories))
+}
+
+async fn get_category(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let config = s.shared.config();
+    let c = config.category(&name).ok_or(AdminError::NotFound { kind: "category", name })?;
+    Ok(Json(json!(c)))
+}
+
+async fn put_categories(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
+    let categories: Vec<CategoryConfig> = parse(&body)?;
+    let mut next = Config::clone(&s.shared.config());
+    next.categories = categories;
+    commit(&s, next)?;
+    Ok(Json(json!(s.shared.config().categories)))
+}
+
+async fn put_category(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let mut category: CategoryConfig = parse(&body)?;
+    category.name = name.clone();
+    let mut next = Config::clone(&s.shared.config());
+    match next.categories.iter_mut().find(|c| c.name == name) {
+        Some(slot) => *slot = category,
+        None => next.categories.push(category),
+    }
+    commit(&s, next)?;
+    let config = s.shared.config();
+    Ok(Json(json!(config.category(&name))))
+}
+
+async fn delete_category(State(s): State<AdminState>, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
+    let mut next = Config::clone(&s.shared.config());
+    let before = next.categories.len();
+    next.categories.retain(|c| c.name != name);
+    if next.categories.len() == before {
+        return Err(AdminError::NotFound { kind: "category", name });
+    }
+    commit(&s, next)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn export_config(State(s): State<AdminState>) -> Response {
+    let text = format!("# Corral config, exported; secrets are never included\n{}", s.shared.config().to_toml());
+    ([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], text).into_response()
+}
+
+/// A self-description for clients (and agents) that have no docs at hand.
+async fn help(State(s): State<AdminState>) -> Json<Value> {
+    let config = s.shared.config();
+    let nodes: Vec<Value> = s
+        .shared
+        .registry
+        .all()
+        .iter()
+        .map(|n| json!({ "name": n.name(), "state": n.state(), "models": n.models(), "max_concurrency": n.max_concurrency(), "weight": n.weight() }))
+        .collect();
+    Json(json!({
+        "service": "corral",
+        "version": env!("CARGO_PKG_VERSION"),
+        "what": "One endpoint in front of a cluster of Ollama nodes: speaks the Ollama API and the OpenAI-compatible /v1 API, picks a node per request, fails over, and queues fairly.",
+        "proxy": {
+            "listeners": config.listeners,
+            "endpoints": [
+                "GET /", "HEAD /", "GET /api/version", "GET /api/tags (union of every node's models; entries list their nodes)",
+                "GET /api/ps (union, each entry names its node)", "POST /api/show", "POST /api/chat", "POST /api/generate",
+                "POST /api/embed", "POST /api/embeddings", "POST /api/pull, POST /api/create, POST /api/copy, DELETE /api/delete (to the nodes in X-Corral-Node, or all)",
+                "POST /api/push", "POST|HEAD /api/blobs/{digest}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
+            ],
+        },
+        "admin": {
+            "addr": config.admin.addr,
+            "auth": "Authorization: Bearer <token> on every route but GET /healthz",
+            "endpoints": ["GET /healthz", "GET /help", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export"],
+        },
+        "request_headers": {
+            "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
+            "X-Corral-Session": "sticky key for the sticky policy (keeps a conversation on the node holding its KV cache)",
+            "X-Corral-Queue-Timeout": "milliseconds this request may wait for a free node (default: the category's queue_timeout_ms)",
+            "X-Corral-Node": "comma-separated node names for model operations (pull, delete, copy, create)",
+            "X-Request-Id": "kept and passed to the node; generated when absent",
+        },
+        "response_headers": {
+            "X-Request-Id": "the request's id",
+            "X-Corral-Node": "the node that answered",
+            "X-Corral-Attempts": "how many nodes were tried",
+            "X-Corral-Forwarded": "false on rejections that reached no node (safe to retry anywhere)",
+            "X-Corral-Context-Warning": "the prompt fills more than 85% of the context",
+        },
+        "categories": config.categories.iter().map(|c| json!({
+            "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
+            "cloud": c.cloud, "models": c.models, "affinity": c.affinity,
+        })).collect::<Vec<_>>(),
+        "classification": "category = X-Corral-Category header, else the listener's category, else the first category whose models patterns match the model, else \"default\"",
+        "queue": {
+            "order": "category priority (0 first), then origin (local listeners before remote), then arrival; a running request is never pre-empted",
+            "max_requests": config.queue.max_requests,
+            "max_bytes": config.queue.max_bytes,
+            "full": "429 queue_full, forwarded=false, Retry-After",
+            "timeout": "503 queue_timeout, forwarded=false, Retry-After",
+        },
+        "limits": {
+            "max_body_bytes": config.proxy.max_body_bytes,
+            "connect_timeout_ms": config.proxy.connect_timeout_ms,
+            "first_byte_timeout_ms": config.proxy.first_byte_timeout_ms,
+            "idle_timeout_ms": config.proxy.idle_timeout_ms,
+            "max_attempts": config.retry.max_attempts,
+            "retry_budget_ratio": config.retry.budget_ratio,
+            "default_num_ctx": config.proxy.default_num_ctx,
+            "context_guard": config.proxy.context_guard,
+        },
+        "errors": "JSON {error, code, forwarded}; codes in docs/errors.md. Mid-stream failures end the stream with {\"error\", \"code\"}.",
+        "nodes": nodes,
+    }))
+}

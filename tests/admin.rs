@@ -1,0 +1,132 @@
+//! The admin API: token on every route, self-description, runtime node and category changes.
+
+mod common;
+
+use common::{cluster, ndjson};
+use corral::admin::PROTECTED_ROUTES;
+use corral::sim::{SimNode, SimSpec};
+use reqwest::Method;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn every_route_but_healthz_needs_the_token() {
+    let c = cluster(1).start().await;
+    let r = c.client.get(c.admin_url("/healthz")).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    for (method, path) in PROTECTED_ROUTES {
+        let m = Method::from_bytes(method.as_bytes()).expect("method");
+        let r = c.client.request(m.clone(), c.admin_url(path)).send().await.expect("answer");
+        assert_eq!(r.status(), 401, "{method} {path} without a token");
+        assert_eq!(r.json::<Value>().await.expect("json")["code"], "unauthorized");
+        let r = c.client.request(m, c.admin_url(path)).bearer_auth("wrong-token").send().await.expect("answer");
+        assert_eq!(r.status(), 401, "{method} {path} with a wrong token");
+    }
+    let r = c.client.get(c.admin_url(&format!("/admin/status?token={}", common::TOKEN))).send().await.expect("answer");
+    assert_eq!(r.status(), 200, "the token also works as a query parameter");
+}
+
+#[tokio::test]
+async fn help_describes_the_running_config() {
+    let c = cluster(2).start().await;
+    let help: Value = c.admin(Method::GET, "/help").send().await.expect("answer").json().await.expect("json");
+    let config = c.broker.config();
+    let cats = help["categories"].as_array().expect("categories");
+    assert_eq!(cats.len(), config.categories.len());
+    assert_eq!(cats[0]["policy"], config.categories[0].policy.name());
+    assert_eq!(help["limits"]["max_body_bytes"], config.proxy.max_body_bytes);
+    assert_eq!(help["queue"]["max_requests"], config.queue.max_requests);
+    assert_eq!(help["nodes"].as_array().map(Vec::len), Some(2));
+    assert!(help["request_headers"]["X-Corral-Category"].is_string());
+    // It follows runtime changes.
+    let r = c
+        .admin(Method::PUT, "/admin/categories/default")
+        .json(&json!({"policy": "p2c", "priority": 3}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    let help: Value = c.admin(Method::GET, "/help").send().await.expect("answer").json().await.expect("json");
+    assert_eq!(help["categories"][0]["policy"], "p2c");
+    assert_eq!(help["categories"][0]["priority"], 3);
+}
+
+#[tokio::test]
+async fn nodes_can_be_added_changed_and_removed_at_runtime() {
+    let c = cluster(1).start().await;
+    c.learn_models().await;
+    let extra =
+        SimNode::start(SimSpec { models: vec!["phi4:latest".into()], ..SimSpec::default() }).await.expect("sim");
+    let r = c
+        .admin(Method::POST, "/admin/nodes")
+        .json(&json!({"name": "extra", "url": extra.url()}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 201, "{:?}", r.text().await);
+    let r = c.post("/api/generate", json!({"model": "phi4", "prompt": "x", "stream": false})).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-node"], "extra", "the new node serves at once");
+
+    let r = c
+        .admin(Method::POST, "/admin/nodes")
+        .json(&json!({"name": "extra", "url": extra.url()}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 409);
+    let r = c
+        .admin(Method::POST, "/admin/nodes")
+        .json(&json!({"name": "Bad Name", "url": "nope"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "invalid_config");
+    assert!(v["problems"].as_array().is_some_and(|p| p.len() >= 2), "every problem listed: {v}");
+    let r = c.admin(Method::POST, "/admin/nodes").body("{not json").send().await.expect("answer");
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "malformed_json");
+
+    let r = c
+        .admin(Method::PATCH, "/admin/nodes/extra")
+        .json(&json!({"weight": 5, "max_concurrency": 7}))
+        .send()
+        .await
+        .expect("answer");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["weight"], 5);
+    assert_eq!(v["max_concurrency"], 7);
+    let r = c.admin(Method::PATCH, "/admin/nodes/extra").json(&json!({"wieght": 5})).send().await.expect("answer");
+    assert_eq!(r.status(), 400, "unknown fields are refused");
+    let r = c.admin(Method::PATCH, "/admin/nodes/extra").json(&json!({"enabled": false})).send().await.expect("answer");
+    assert_eq!(r.json::<Value>().await.expect("json")["state"], "disabled");
+    let r = c.post("/api/generate", json!({"model": "phi4", "prompt": "x", "stream": false})).await;
+    assert_eq!(r.status(), 503, "a disabled node takes nothing");
+    c.admin(Method::PATCH, "/admin/nodes/extra").json(&json!({"enabled": true})).send().await.expect("answer");
+
+    // Removing a node with a stream in flight: the stream still finishes.
+    extra.update_faults(|f| f.token_delay_ms = Some(10));
+    let stream = c.post("/api/generate", json!({"model": "phi4", "prompt": "long"})).await;
+    let r = c.admin(Method::DELETE, "/admin/nodes/extra").send().await.expect("answer");
+    assert_eq!(r.status(), 204);
+    let lines = ndjson(&stream.text().await.expect("body"));
+    assert_eq!(lines.last().map(|l| l["done"].clone()), Some(json!(true)), "in-flight request finished");
+    let r = c.post("/api/generate", json!({"model": "phi4", "prompt": "x", "stream": false})).await;
+    assert_eq!(r.status(), 404, "the model left with its node");
+    let r = c.admin(Method::DELETE, "/admin/nodes/extra").send().await.expect("answer");
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn status_and_export_reflect_the_cluster() {
+    let c = cluster(2).start().await;
+    let _ = c.chat("llama3.2", false).await;
+    let v: Value = c.admin(Method::GET, "/admin/status").send().await.expect("answer").json().await.expect("json");
+    let nodes = v["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 2);
+    assert!(nodes.iter().all(|n| n["breaker"] == "closed" && n["state"].is_string()));
+    assert_eq!(nodes.iter().map(|n| n["served"].as_u64().unwrap_or(0)).sum::<u64>(), 1);
+    let text = c.admin(Method::GET, "/admin/config/export").send().await.expect("answer").text().await.expect("text");
+    let parsed = corral::Config::parse(&text).expect("the export is a valid config");
+    assert_eq!(parsed.nodes.len(), 2);
+}
