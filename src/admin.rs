@@ -160,6 +160,7 @@ async fn status(State(s): State<AdminState>) -> Json<Value> {
         "nodes": nodes,
         "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
         "categories": config.categories,
+        "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
     }))
 }
 

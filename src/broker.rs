@@ -59,6 +59,8 @@ pub struct StartOptions {
     pub seed: Option<u64>,
     /// The admin API's bearer token; generated when not given.
     pub admin_token: Option<String>,
+    /// The config file to watch for hot reload.
+    pub config_path: Option<std::path::PathBuf>,
 }
 
 pub struct Broker {
@@ -144,6 +146,16 @@ impl Broker {
                 tracing::error!(addr = %admin_addr, error = %e, "admin listener failed");
             }
         });
+        if let Some(path) = options.config_path {
+            match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
+                Ok(task) => {
+                    tracker.spawn(task);
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot watch the config file; edits need a restart")
+                }
+            }
+        }
         tracker.spawn(crate::health::run(Arc::clone(&registry), client.clone(), health, cancel.clone()));
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
         Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker })

@@ -14,6 +14,7 @@ pub mod ewma;
 pub mod health;
 pub mod node;
 pub mod proxy;
+pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod sim;

@@ -3,6 +3,8 @@
 //! Exit codes: 0 ok, 1 runtime failure, 2 usage or validation error. Errors go to stderr as
 //! one line that says what is wrong and what to do.
 
+mod cmd;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -77,6 +79,25 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Which node has which model (loaded, in VRAM, or on disk); pull models onto nodes.
+    Models {
+        /// The broker's proxy URL.
+        #[arg(long, global = true, env = "CORRAL_URL", default_value = "http://127.0.0.1:11400")]
+        url: String,
+        #[command(subcommand)]
+        command: Option<ModelsCommand>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Pull a model onto nodes, with a progress bar per node.
+    Pull {
+        name: String,
+        /// Comma-separated node names (default: every available node).
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -129,6 +150,10 @@ async fn run(command: Command) -> ExitCode {
             sim(port, nodes, spec).await
         }
         Command::Config { command: ConfigCommand::Check { file, verbose } } => config_check(&file, verbose),
+        Command::Models { url, command: None } => cmd::models::list(url.trim_end_matches('/')).await,
+        Command::Models { url, command: Some(ModelsCommand::Pull { name, nodes }) } => {
+            cmd::models::pull(url.trim_end_matches('/'), &name, &nodes).await
+        }
     }
 }
 
@@ -137,19 +162,20 @@ fn default_config_path() -> Option<PathBuf> {
     directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
 }
 
-fn load_config(path: Option<&Path>) -> Result<(Config, String), ExitCode> {
+/// The config, where it came from (for the log), and the file to watch if there is one.
+fn load_config(path: Option<&Path>) -> Result<(Config, String, Option<PathBuf>), ExitCode> {
     let (path, explicit) = match path {
         Some(p) => (p.to_path_buf(), true),
         None => match default_config_path() {
             Some(p) => (p, false),
-            None => return Ok((Config::default(), "built-in defaults".into())),
+            None => return Ok((Config::default(), "built-in defaults".into(), None)),
         },
     };
     if !explicit && !path.exists() {
-        return Ok((Config::default(), format!("built-in defaults (no {})", path.display())));
+        return Ok((Config::default(), format!("built-in defaults (no {})", path.display()), None));
     }
     match Config::load(&path) {
-        Ok(c) => Ok((c, path.display().to_string())),
+        Ok(c) => Ok((c, path.display().to_string(), Some(path))),
         Err(e) => {
             eprintln!("error: {}: {e}", path.display());
             eprintln!("fix the problems above, or check the file with: corral config check {}", path.display());
@@ -159,12 +185,13 @@ fn load_config(path: Option<&Path>) -> Result<(Config, String), ExitCode> {
 }
 
 async fn serve(config: Option<&Path>) -> ExitCode {
-    let (config, source) = match load_config(config) {
+    let (config, source, watch) = match load_config(config) {
         Ok(c) => c,
         Err(code) => return code,
     };
     tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
-    let broker = match Broker::start(config, start_options()).await {
+    let options = StartOptions { config_path: watch, ..start_options() };
+    let broker = match Broker::start(config, options).await {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");

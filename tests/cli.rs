@@ -260,3 +260,30 @@ async fn demo_starts_and_serves() {
     let node = r.headers()["x-corral-node"].to_str().unwrap_or_default().to_string();
     assert!(node == "sim-a" || node == "sim-c", "only nodes with qwen2.5 serve it, got {node}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn models_pull_lands_on_the_named_nodes_only() {
+    let sims: Vec<Proc> = (0..3).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "200"])).collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let cfg = temp_file("pull", &config_for(&urls));
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let (code, out, err) = tokio::task::spawn_blocking({
+        let base = base.clone();
+        move || run(&["models", "--url", &base, "pull", "qwen3:4b", "--nodes", "gpu0,gpu2"])
+    })
+    .await
+    .expect("join");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("qwen3:4b is on: gpu0, gpu2"), "{out}");
+    let (code, table, _) = tokio::task::spawn_blocking(move || run(&["models", "--url", &base])).await.expect("join");
+    assert_eq!(code, 0);
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("qwen3:4b")).collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(rows.iter().any(|r| r.contains("gpu0")) && rows.iter().any(|r| r.contains("gpu2")), "{table}");
+    for (i, url) in urls.iter().enumerate() {
+        let tags: Value = reqwest::get(format!("{url}/api/tags")).await.expect("sim").json().await.expect("json");
+        let has = tags["models"].as_array().is_some_and(|m| m.iter().any(|e| e["name"] == "qwen3:4b"));
+        assert_eq!(has, i != 1, "gpu{i} has the model: {has}");
+    }
+}

@@ -42,6 +42,8 @@ pub struct Shared {
     pub retry_budget: RetryBudget,
     pub client: reqwest::Client,
     pub shutdown: CancellationToken,
+    /// Outcome of config file reloads, for status displays.
+    pub reload: Arc<Mutex<crate::reload::ReloadStatus>>,
     seed: Option<u64>,
     rng: Mutex<SmallRng>,
 }
@@ -81,6 +83,7 @@ impl Shared {
             registry,
             client,
             shutdown,
+            reload: Arc::default(),
             seed,
             rng: Mutex::new(rng),
         }

@@ -496,6 +496,19 @@ async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Response {
         return err(StatusCode::SERVICE_UNAVAILABLE, BUSY);
     };
     let load = s.load(&model);
+    // Ollama's preload: a native request with nothing to answer only loads the model.
+    let nothing_to_say = match kind {
+        Kind::Generate => req.get("prompt").and_then(Value::as_str).is_none_or(str::is_empty),
+        Kind::Chat => req.get("messages").and_then(Value::as_array).is_none_or(|m| m.is_empty()),
+        _ => false,
+    };
+    if nothing_to_say {
+        let mut v = json!({ "model": model, "created_at": now(), "done": true, "done_reason": "load" });
+        v[if kind == Kind::Chat { "message" } else { "response" }] =
+            if kind == Kind::Chat { json!({"role": "assistant", "content": ""}) } else { json!("") };
+        drop(running);
+        return axum::Json(v).into_response();
+    }
     let prompt = prompt_text(kind, &req);
     let seed = options_i64(&req, "seed", "seed").map(|x| x as u64).unwrap_or_else(|| text::hash(&[&model, &prompt]));
     let num_predict = options_i64(&req, "num_predict", "max_tokens")

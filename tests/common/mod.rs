@@ -69,9 +69,12 @@ impl ClusterBuilder {
         for tweak in self.tweaks {
             tweak(&mut self.config);
         }
-        let broker = Broker::start(self.config, StartOptions { seed: Some(7), admin_token: Some(TOKEN.into()) })
-            .await
-            .expect("broker starts");
+        let broker = Broker::start(
+            self.config,
+            StartOptions { seed: Some(7), admin_token: Some(TOKEN.into()), config_path: None },
+        )
+        .await
+        .expect("broker starts");
         let client = reqwest::Client::builder().build().expect("client");
         Cluster { sims, broker, client }
     }

@@ -1,0 +1,3 @@
+//! Subcommands of the `corral` binary that talk to a running broker over HTTP.
+
+pub mod models;
