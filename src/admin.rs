@@ -89,6 +89,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/categories", get(list_categories).put(put_categories))
         .route("/admin/categories/{name}", get(get_category).put(put_category).delete(delete_category))
         .route("/admin/config/export", get(export_config))
+        .route("/metrics", get(metrics))
+        .route("/admin/requests", get(requests))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
 }
@@ -108,6 +110,8 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("PUT", "/admin/categories/x"),
     ("DELETE", "/admin/categories/x"),
     ("GET", "/admin/config/export"),
+    ("GET", "/metrics"),
+    ("GET", "/admin/requests"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -326,7 +330,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -367,4 +371,55 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "errors": "JSON {error, code, forwarded}; codes in docs/errors.md. Mid-stream failures end the stream with {\"error\", \"code\"}.",
         "nodes": nodes,
     }))
+}
+
+async fn metrics(State(s): State<AdminState>) -> Response {
+    let text = s.shared.telemetry.render(&s.shared.registry, s.shared.admission.depth());
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+/// `since` as a duration back from now (`15m`, `2h`, `7d`, `30s`) or unix ms.
+pub fn parse_since(since: &str) -> Option<i64> {
+    let s = since.trim();
+    if let Ok(ms) = s.parse::<i64>() {
+        return Some(ms);
+    }
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: i64 = num.parse().ok()?;
+    let ms = match unit {
+        "s" => n * 1_000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        "d" => n * 86_400_000,
+        _ => return None,
+    };
+    Some(crate::store::now_ms() - ms)
+}
+
+#[derive(Debug, Deserialize)]
+struct RequestsQuery {
+    since: Option<String>,
+    node: Option<String>,
+    category: Option<String>,
+    status: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn requests(
+    State(s): State<AdminState>,
+    axum::extract::Query(q): axum::extract::Query<RequestsQuery>,
+) -> Result<Json<Value>, AdminError> {
+    let Some(store) = s.shared.telemetry.store() else {
+        return Err(AdminError::NotFound { kind: "request store (it is disabled)", name: "store".into() });
+    };
+    let since_ms = match &q.since {
+        Some(v) => Some(
+            parse_since(v)
+                .ok_or_else(|| AdminError::BadBody(format!("since=\"{v}\" is not like 15m, 2h, 7d or unix ms")))?,
+        ),
+        None => None,
+    };
+    let query = crate::store::Query { since_ms, node: q.node, category: q.category, status: q.status, limit: q.limit };
+    let rows = store.requests(&query).await.map_err(|e| AdminError::BadBody(e.to_string()))?;
+    Ok(Json(json!({ "requests": rows, "dropped_records": store.dropped() })))
 }

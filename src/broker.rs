@@ -27,6 +27,8 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("cannot build the HTTP client: {0}")]
     Client(String),
+    #[error("{0}; set [store] path to a writable file, or enabled = false")]
+    Store(#[from] crate::store::StoreError),
 }
 
 impl StartError {
@@ -35,6 +37,7 @@ impl StartError {
             Self::Bind { .. } => "listen_failed",
             Self::Config(_) => "invalid_config",
             Self::Client(_) => "client_failed",
+            Self::Store(e) => e.code(),
         }
     }
 }
@@ -70,6 +73,8 @@ pub struct Broker {
     admin_token: Arc<String>,
     cancel: CancellationToken,
     tracker: TaskTracker,
+    store_cancel: CancellationToken,
+    store_tracker: TaskTracker,
 }
 
 impl std::fmt::Debug for Broker {
@@ -115,9 +120,34 @@ impl Broker {
 
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
+        // The store stops last, after every request has finished and been recorded.
+        let store_cancel = CancellationToken::new();
+        let store_tracker = TaskTracker::new();
         let health = config.health.clone();
-        let shared =
-            Arc::new(proxy::Shared::new(config, Arc::clone(&registry), client.clone(), cancel.clone(), options.seed));
+        let store = if config.store.enabled {
+            let (store, tasks) = crate::store::Store::open(&config.store, store_cancel.clone()).await?;
+            for t in tasks {
+                store_tracker.spawn(t);
+            }
+            tracing::info!(path = %store.path().display(), "request store open");
+            Some(store)
+        } else {
+            None
+        };
+        let bus = crate::telemetry::Telemetry::bus();
+        registry.attach_events(bus.clone());
+        let telemetry = Arc::new(crate::telemetry::Telemetry::new(store.clone(), bus));
+        if let Some(store) = store {
+            tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
+        }
+        let shared = Arc::new(proxy::Shared::new(
+            config,
+            Arc::clone(&registry),
+            client.clone(),
+            cancel.clone(),
+            telemetry,
+            options.seed,
+        ));
 
         let mut proxy_addrs = Vec::new();
         for (listener, lc) in bound {
@@ -158,7 +188,7 @@ impl Broker {
         }
         tracker.spawn(crate::health::run(Arc::clone(&registry), client.clone(), health, cancel.clone()));
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
-        Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker })
+        Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker, store_cancel, store_tracker })
     }
 
     /// The first proxy listener's address (the one clients use).
@@ -209,6 +239,12 @@ impl Broker {
         } else {
             tracing::info!("drained");
         }
+        // Now flush the store: the writer drains its channel, then stops.
+        self.store_cancel.cancel();
+        self.store_tracker.close();
+        if tokio::time::timeout(std::time::Duration::from_secs(10), self.store_tracker.wait()).await.is_err() {
+            tracing::warn!("the request store did not finish flushing in 10 s");
+        }
     }
 }
 
@@ -218,4 +254,33 @@ fn generate_token() -> String {
     let mut bytes = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Write node state changes from the bus into the store.
+async fn record_node_events(
+    mut rx: tokio::sync::broadcast::Receiver<crate::telemetry::Event>,
+    store: crate::store::Store,
+    cancel: CancellationToken,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => break,
+            e = rx.recv() => e,
+        };
+        match event {
+            Ok(crate::telemetry::Event::NodeState { node, from, to, reason, at }) => {
+                store.node_event(crate::store::NodeEventRow {
+                    at,
+                    node,
+                    from_state: from.name().to_string(),
+                    to_state: to.name().to_string(),
+                    reason,
+                });
+            }
+            Ok(_) => {}
+            Err(RecvError::Lagged(n)) => tracing::warn!(missed = n, "node events lagged behind"),
+            Err(RecvError::Closed) => break,
+        }
+    }
 }

@@ -31,6 +31,7 @@ pub struct Config {
     pub breaker: BreakerConfig,
     pub retry: RetryConfig,
     pub queue: QueueConfig,
+    pub store: StoreConfig,
 }
 
 impl Default for Config {
@@ -46,6 +47,7 @@ impl Default for Config {
             breaker: BreakerConfig::default(),
             retry: RetryConfig::default(),
             queue: QueueConfig::default(),
+            store: StoreConfig::default(),
         }
     }
 }
@@ -297,6 +299,36 @@ impl Default for BreakerConfig {
     }
 }
 
+/// The request store (SQLite).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub enabled: bool,
+    /// The SQLite file; default `corral.db` in the platform data dir.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Rows older than this are deleted.
+    pub max_age_days: u32,
+    /// At most this many request rows are kept (newest first).
+    pub max_rows: u64,
+    /// Records waiting for the writer; past it they are dropped and counted.
+    pub channel_capacity: usize,
+    pub retention_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: None,
+            max_age_days: 30,
+            max_rows: 1_000_000,
+            channel_capacity: 10_000,
+            retention_interval_ms: 600_000,
+        }
+    }
+}
+
 /// The broker's own queue for requests waiting for a free node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -435,11 +467,12 @@ impl Config {
                 "breaker" => section(&locator, path, value, &mut problems, &mut config.breaker),
                 "retry" => section(&locator, path, value, &mut problems, &mut config.retry),
                 "queue" => section(&locator, path, value, &mut problems, &mut config.queue),
+                "store" => section(&locator, path, value, &mut problems, &mut config.store),
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
                     message:
-                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue"
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store"
                             .into(),
                 }),
             }
@@ -606,6 +639,9 @@ impl Config {
             ("breaker.failures_to_open", u64::from(self.breaker.failures_to_open)),
             ("breaker.trial_requests", u64::from(self.breaker.trial_requests)),
             ("queue.max_requests", self.queue.max_requests as u64),
+            ("store.max_rows", self.store.max_rows),
+            ("store.channel_capacity", self.store.channel_capacity as u64),
+            ("store.retention_interval_ms", self.store.retention_interval_ms),
             ("queue.max_bytes", self.queue.max_bytes as u64),
             ("proxy.default_num_ctx", self.proxy.default_num_ctx),
             ("retry.max_attempts", u64::from(self.retry.max_attempts)),

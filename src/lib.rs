@@ -18,6 +18,8 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod sim;
+pub mod store;
+pub mod telemetry;
 
 pub use broker::{Broker, StartOptions};
 pub use config::Config;

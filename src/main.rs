@@ -50,6 +50,9 @@ enum Command {
         /// Admin API port (0: any free port).
         #[arg(long, default_value_t = 11402)]
         admin_port: u16,
+        /// The demo's request store (default: corral-demo.db in the platform data dir).
+        #[arg(long)]
+        db: Option<PathBuf>,
     },
     /// Run simulated Ollama node(s) on loopback.
     Sim {
@@ -79,6 +82,8 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Request metadata from the store.
+    History(HistoryArgs),
     /// Which node has which model (loaded, in VRAM, or on disk); pull models onto nodes.
     Models {
         /// The broker's proxy URL.
@@ -87,6 +92,29 @@ enum Command {
         #[command(subcommand)]
         command: Option<ModelsCommand>,
     },
+}
+
+#[derive(clap::Args)]
+struct HistoryArgs {
+    /// How far back: 30s, 15m, 1h, 7d.
+    #[arg(long, default_value = "1h")]
+    since: String,
+    #[arg(long)]
+    node: Option<String>,
+    #[arg(long)]
+    category: Option<String>,
+    /// ok, client_error, error, interrupted, cancelled, unknown, running.
+    #[arg(long)]
+    status: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    limit: i64,
+    #[arg(long, value_enum, default_value_t = cmd::history::Format::Table)]
+    format: cmd::history::Format,
+    /// The store file (default: from --config, else the platform data dir).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    #[arg(long)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -137,7 +165,7 @@ fn init_tracing(format: LogFormat) {
 async fn run(command: Command) -> ExitCode {
     match command {
         Command::Serve { config } => serve(config.as_deref()).await,
-        Command::Demo { port, nodes, admin_port } => demo(port, nodes, admin_port).await,
+        Command::Demo { port, nodes, admin_port, db } => demo(port, nodes, admin_port, db).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue } => {
             let spec = SimSpec {
                 models,
@@ -150,6 +178,7 @@ async fn run(command: Command) -> ExitCode {
             sim(port, nodes, spec).await
         }
         Command::Config { command: ConfigCommand::Check { file, verbose } } => config_check(&file, verbose),
+        Command::History(args) => history(args).await,
         Command::Models { url, command: None } => cmd::models::list(url.trim_end_matches('/')).await,
         Command::Models { url, command: Some(ModelsCommand::Pull { name, nodes }) } => {
             cmd::models::pull(url.trim_end_matches('/'), &name, &nodes).await
@@ -205,7 +234,7 @@ async fn serve(config: Option<&Path>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn demo(port: u16, n: usize, admin_port: u16) -> ExitCode {
+async fn demo(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> ExitCode {
     let catalog: [&[&str]; 3] = [
         &["llama3.2:latest", "qwen2.5:7b", "nomic-embed-text:latest"],
         &["llama3.2:latest", "nomic-embed-text:latest"],
@@ -215,6 +244,8 @@ async fn demo(port: u16, n: usize, admin_port: u16) -> ExitCode {
     let mut config = Config::default();
     config.listeners[0].addr = SocketAddr::from(([127, 0, 0, 1], port)).to_string();
     config.admin.addr = SocketAddr::from(([127, 0, 0, 1], admin_port)).to_string();
+    let db = db.unwrap_or_else(|| corral::store::default_path(&config.store).with_file_name("corral-demo.db"));
+    config.store.path = Some(db.display().to_string());
     config.nodes.clear();
     for i in 0..n.max(1) {
         let spec = SimSpec {
@@ -302,6 +333,28 @@ fn config_check(file: &Path, verbose: bool) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+async fn history(a: HistoryArgs) -> ExitCode {
+    let Some(since_ms) = corral::admin::parse_since(&a.since) else {
+        eprintln!("error: --since {} is not like 30s, 15m, 1h or 7d", a.since);
+        return ExitCode::from(2);
+    };
+    let db = match a.db {
+        Some(db) => db,
+        None => match load_config(a.config.as_deref()) {
+            Ok((c, _, _)) => corral::store::default_path(&c.store),
+            Err(code) => return code,
+        },
+    };
+    let query = corral::store::Query {
+        since_ms: Some(since_ms),
+        node: a.node,
+        category: a.category,
+        status: a.status,
+        limit: Some(a.limit),
+    };
+    cmd::history::run(&db, query, a.format).await
 }
 
 /// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.

@@ -196,7 +196,11 @@ pub struct Node {
     context: ArcSwap<HashMap<String, u64>>,
     served: AtomicUsize,
     wake: Arc<Notify>,
+    events: Events,
 }
+
+/// Where node state changes are published (set once the telemetry bus exists).
+pub type Events = Arc<std::sync::OnceLock<tokio::sync::broadcast::Sender<crate::telemetry::Event>>>;
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -206,6 +210,15 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     pub fn new(config: NodeConfig, tuning: NodeTuning, wake: Arc<Notify>) -> Result<Self, url::ParseError> {
+        Self::with_events(config, tuning, wake, Events::default())
+    }
+
+    fn with_events(
+        config: NodeConfig,
+        tuning: NodeTuning,
+        wake: Arc<Notify>,
+        events: Events,
+    ) -> Result<Self, url::ParseError> {
         let base_url = url::Url::parse(&config.url)?;
         Ok(Self {
             admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
@@ -226,6 +239,7 @@ impl Node {
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
             wake,
+            events,
         })
     }
 
@@ -242,10 +256,28 @@ impl Node {
     }
 
     pub fn set_admin(&self, to: Admin) {
+        let before = self.state();
         let from = Admin::from_u8(self.admin.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
             tracing::info!(node = %self.name(), from = ?from, to = ?to, "node admin state changed");
+            self.publish(before, "operator");
             self.wake.notify_one();
+        }
+    }
+
+    /// Tell listeners about a change of the state a person sees.
+    fn publish(&self, before: NodeState, reason: &str) {
+        let after = self.state();
+        if before != after {
+            if let Some(bus) = self.events.get() {
+                let _ = bus.send(crate::telemetry::Event::NodeState {
+                    node: self.name().to_string(),
+                    from: before,
+                    to: after,
+                    reason: reason.to_string(),
+                    at: crate::store::now_ms(),
+                });
+            }
         }
     }
 
@@ -417,12 +449,14 @@ impl Node {
     }
 
     fn set_health(&self, to: Health, reason: &str) {
+        let before = self.state();
         let from = Health::from_u8(self.health.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
             if from == Health::Unhealthy && to == Health::Healthy {
                 *lock(&self.returned_at) = Some(Instant::now());
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
+            self.publish(before, reason);
             self.wake.notify_one();
         }
     }
@@ -505,16 +539,18 @@ pub struct Registry {
     nodes: ArcSwap<Vec<Arc<Node>>>,
     wake: Arc<Notify>,
     tuning: NodeTuning,
+    events: Events,
 }
 
 impl Registry {
     pub fn new(configs: &[NodeConfig], tuning: NodeTuning) -> Result<Self, url::ParseError> {
         let wake = Arc::new(Notify::new());
+        let events = Events::default();
         let nodes = configs
             .iter()
-            .map(|c| Node::new(c.clone(), tuning, Arc::clone(&wake)).map(Arc::new))
+            .map(|c| Node::with_events(c.clone(), tuning, Arc::clone(&wake), Arc::clone(&events)).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning })
+        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning, events })
     }
 
     /// A snapshot of the nodes.
@@ -528,7 +564,7 @@ impl Registry {
 
     /// Add a node; the caller has validated the config (unique name, URL).
     pub fn add(&self, config: NodeConfig) -> Result<Arc<Node>, url::ParseError> {
-        let node = Arc::new(Node::new(config, self.tuning, Arc::clone(&self.wake))?);
+        let node = Arc::new(Node::with_events(config, self.tuning, Arc::clone(&self.wake), Arc::clone(&self.events))?);
         let mut next = Vec::clone(&self.nodes.load());
         next.push(Arc::clone(&node));
         self.nodes.store(Arc::new(next));
@@ -543,6 +579,11 @@ impl Registry {
         let next: Vec<Arc<Node>> = current.iter().filter(|n| n.name() != name).cloned().collect();
         self.nodes.store(Arc::new(next));
         Some(gone)
+    }
+
+    /// Publish every node's state changes on `bus` from now on.
+    pub fn attach_events(&self, bus: tokio::sync::broadcast::Sender<crate::telemetry::Event>) {
+        let _ = self.events.set(bus);
     }
 
     /// Woken whenever a slot frees or a node's state changes.

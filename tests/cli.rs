@@ -106,9 +106,12 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     path
 }
 
-fn config_for(nodes: &[String]) -> String {
-    let mut text = String::from(
-        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 200\n\n",
+/// A config for `nodes` with every address on a free port and the store in a file of its own.
+fn config_for(name: &str, nodes: &[String]) -> String {
+    let db = std::env::temp_dir().join(format!("corral-cli-{}-{name}.db", std::process::id()));
+    let mut text = format!(
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 200\n\n[store]\npath = \"{}\"\n\n",
+        db.display()
     );
     for (i, url) in nodes.iter().enumerate() {
         text += &format!("[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n");
@@ -121,7 +124,7 @@ async fn serve_spreads_load_and_survives_a_sigkilled_node() {
     let sims: Vec<Proc> =
         (0..3).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "50"])).collect();
     let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
-    let cfg = temp_file("kill", &config_for(&urls));
+    let cfg = temp_file("kill", &config_for("kill", &urls));
     let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
     let base = serve.url("serving the Ollama API on");
     let client = reqwest::Client::new();
@@ -171,7 +174,7 @@ async fn serve_spreads_load_and_survives_a_sigkilled_node() {
 async fn sigterm_drains_a_running_stream_then_exits_zero() {
     let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "20", "--ttft-ms", "0"]);
     let url = sim.url("simulated Ollama node on");
-    let cfg = temp_file("drain", &config_for(&[url]));
+    let cfg = temp_file("drain", &config_for("drain", &[url]));
     let mut serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
     let base = serve.url("serving the Ollama API on");
     let r = reqwest::Client::new()
@@ -246,7 +249,16 @@ async fn demo_starts_and_serves() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let demo = Proc::spawn(&["demo", "--port", &port.to_string(), "--admin-port", "0"]);
+    let db = std::env::temp_dir().join(format!("corral-cli-{}-demo.db", std::process::id()));
+    let demo = Proc::spawn(&[
+        "demo",
+        "--port",
+        &port.to_string(),
+        "--admin-port",
+        "0",
+        "--db",
+        db.to_str().unwrap_or_default(),
+    ]);
     let base = demo.url("Ollama API:");
     let tags: Value = reqwest::get(format!("{base}/api/tags")).await.expect("answer").json().await.expect("json");
     assert!(tags["models"].as_array().is_some_and(|m| m.len() >= 3), "{tags}");
@@ -265,7 +277,7 @@ async fn demo_starts_and_serves() {
 async fn models_pull_lands_on_the_named_nodes_only() {
     let sims: Vec<Proc> = (0..3).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "200"])).collect();
     let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
-    let cfg = temp_file("pull", &config_for(&urls));
+    let cfg = temp_file("pull", &config_for("pull", &urls));
     let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
     let base = serve.url("serving the Ollama API on");
     let (code, out, err) = tokio::task::spawn_blocking({

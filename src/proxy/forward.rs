@@ -31,6 +31,7 @@ use crate::admit::Ticket;
 use crate::config::{Config, Origin};
 use crate::error::BrokerError;
 use crate::node::{InFlight, Outcome};
+use crate::telemetry::{status_for, Trace};
 
 /// Everything about the client's request that an attempt needs.
 #[derive(Debug, Clone)]
@@ -56,7 +57,11 @@ struct AttemptFailed {
 }
 
 /// Send `out` to the cluster; the response carries `X-Corral-Node` and `X-Corral-Attempts`.
-pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (BrokerError, u32)> {
+pub async fn forward(
+    shared: &Shared,
+    out: Outbound,
+    trace: &mut Option<Trace>,
+) -> Result<Response, (BrokerError, u32)> {
     let started = Instant::now();
     let deadline = started + out.queue_timeout;
     let config = shared.config();
@@ -92,8 +97,25 @@ pub async fn forward(shared: &Shared, out: Outbound) -> Result<Response, (Broker
         };
         let node = Arc::clone(guard.node());
         ticket.tried.push(Arc::clone(&node));
+        if let Some(t) = trace.as_mut() {
+            t.mark_dispatched();
+            t.row.attempts = i64::from(attempt);
+            t.row.node = Some(node.name().to_string());
+        }
         match attempt_once(shared, &config, guard, &out).await {
-            Ok(mut resp) => {
+            Ok(Answer::Relay(parts)) => {
+                if let Some(t) = trace.as_mut() {
+                    t.mark_first_byte();
+                }
+                let mut resp = parts.into_response(trace.take(), &out.request_id, config.proxy.idle_timeout());
+                let h = resp.headers_mut();
+                if let Ok(v) = HeaderValue::from_str(node.name()) {
+                    h.insert("x-corral-node", v);
+                }
+                h.insert("x-corral-attempts", HeaderValue::from(attempt));
+                return Ok(resp);
+            }
+            Ok(Answer::Whole(mut resp)) => {
                 let h = resp.headers_mut();
                 if let Ok(v) = HeaderValue::from_str(node.name()) {
                     h.insert("x-corral-node", v);
@@ -154,12 +176,52 @@ fn copy_headers(from: &HeaderMap) -> HeaderMap {
     from.iter().filter(|(k, _)| !is_hop_header(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
+/// What a successful attempt produced.
+enum Answer {
+    /// A body to relay chunk by chunk; its first chunk is already here.
+    Relay(RelayParts),
+    /// A complete, small response (the node's own 404).
+    Whole(Response),
+}
+
+struct RelayParts {
+    status: StatusCode,
+    headers: HeaderMap,
+    upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    first: Option<Bytes>,
+    guard: InFlight,
+}
+
+impl RelayParts {
+    fn into_response(self, trace: Option<Trace>, request_id: &str, idle: Duration) -> Response {
+        let framing = Framing::of(&self.headers);
+        let relay = Relay {
+            upstream: self.upstream,
+            first: self.first,
+            guard: Some(self.guard),
+            trace,
+            status: self.status,
+            idle,
+            framing,
+            ends_with_newline: true,
+            done: false,
+            request_id: request_id.to_string(),
+            bytes: 0,
+            tail: Vec::new(),
+        };
+        let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
+        *response.status_mut() = self.status;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
 async fn attempt_once(
     shared: &Shared,
     config: &Config,
     mut guard: InFlight,
     out: &Outbound,
-) -> Result<Response, AttemptFailed> {
+) -> Result<Answer, AttemptFailed> {
     let node = Arc::clone(guard.node());
     let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), out.path_and_query);
     let mut headers = copy_headers(&out.headers);
@@ -207,10 +269,9 @@ async fn attempt_once(
         *r.status_mut() = status;
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
         guard.judge(Outcome::Success);
-        return Ok(r);
+        return Ok(Answer::Whole(r));
     }
     let resp_headers = copy_headers(resp.headers());
-    let framing = Framing::of(&resp_headers);
     let mut upstream = resp.bytes_stream().boxed();
     // Phase one ends with the first byte of the body: until then a retry is still safe.
     let remaining = first_byte.saturating_sub(sent_at.elapsed());
@@ -234,21 +295,7 @@ async fn attempt_once(
     };
     node.observe_ttfb(sent_at.elapsed());
 
-    let relay = Relay {
-        upstream,
-        first,
-        guard: Some(guard),
-        idle: config.proxy.idle_timeout(),
-        framing,
-        ends_with_newline: true,
-        done: false,
-        request_id: out.request_id.clone(),
-        bytes: 0,
-    };
-    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
-    *response.status_mut() = status;
-    *response.headers_mut() = resp_headers;
-    Ok(response)
+    Ok(Answer::Relay(RelayParts { status, headers: resp_headers, upstream, first, guard }))
 }
 
 /// Judge a failed attempt on its guard (which frees the slot when dropped) and describe it.
@@ -311,6 +358,10 @@ struct Relay {
     upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
     first: Option<Bytes>,
     guard: Option<InFlight>,
+    trace: Option<Trace>,
+    status: StatusCode,
+    /// The last bytes relayed, where the token counts are.
+    tail: Vec<u8>,
     idle: Duration,
     framing: Framing,
     ends_with_newline: bool,
@@ -349,6 +400,11 @@ impl Relay {
             self.ends_with_newline = last == b'\n';
         }
         self.bytes += chunk.len();
+        const TAIL: usize = 16 * 1024;
+        self.tail.extend_from_slice(&chunk[chunk.len().saturating_sub(TAIL)..]);
+        if self.tail.len() > TAIL {
+            self.tail.drain(..self.tail.len() - TAIL);
+        }
         chunk
     }
 
@@ -377,6 +433,18 @@ impl Relay {
         let Some(mut guard) = self.guard.take() else { return String::new() };
         guard.judge(outcome);
         let node = guard.node();
+        if let Some(mut t) = self.trace.take() {
+            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail);
+            t.row.prompt_tokens = prompt;
+            t.row.completion_tokens = completion;
+            let (status, code) = match outcome {
+                Outcome::Success => (status_for(self.status.as_u16()), None),
+                Outcome::ClientGone => ("cancelled", Some("client_gone")),
+                Outcome::TimedOut => ("interrupted", Some("stream_idle_timeout")),
+                _ => ("interrupted", Some("stream_interrupted")),
+            };
+            t.finish(status, Some(self.status.as_u16()), code);
+        }
         if outcome.is_node_failure() {
             tracing::warn!(request_id = %self.request_id, node = %node.name(), ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
         } else {

@@ -30,6 +30,7 @@ use crate::error::BrokerError;
 use crate::node::Registry;
 use crate::retry::RetryBudget;
 use crate::route::Router;
+use crate::telemetry::{status_for, Telemetry, Trace};
 
 pub use forward::Outbound;
 
@@ -42,6 +43,7 @@ pub struct Shared {
     pub retry_budget: RetryBudget,
     pub client: reqwest::Client,
     pub shutdown: CancellationToken,
+    pub telemetry: Arc<Telemetry>,
     /// Outcome of config file reloads, for status displays.
     pub reload: Arc<Mutex<crate::reload::ReloadStatus>>,
     seed: Option<u64>,
@@ -69,6 +71,7 @@ impl Shared {
         registry: Arc<Registry>,
         client: reqwest::Client,
         shutdown: CancellationToken,
+        telemetry: Arc<Telemetry>,
         seed: Option<u64>,
     ) -> Self {
         let rng = match seed {
@@ -83,6 +86,7 @@ impl Shared {
             registry,
             client,
             shutdown,
+            telemetry,
             reload: Arc::default(),
             seed,
             rng: Mutex::new(rng),
@@ -195,18 +199,19 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
 /// The model a request body names. The whole body is parsed (not just skimmed), so hostile
 /// bodies (nesting past serde_json's depth limit, invalid UTF-8 anywhere) stop here with a 400
 /// instead of travelling to a node; the bytes forwarded are still the client's own.
-fn model_of(body: &[u8]) -> Result<String, BrokerError> {
+fn model_of(body: &[u8]) -> Result<(String, Option<bool>), BrokerError> {
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
     let serde_json::Value::Object(fields) = value else {
         return Err(BrokerError::MalformedJson("the body must be a JSON object".into()));
     };
+    let stream = fields.get("stream").and_then(serde_json::Value::as_bool);
     // Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`);
     // `/api/copy` names it `source`.
     for key in ["model", "name", "source"] {
         match fields.get(key) {
             None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::String(m)) if !m.is_empty() => return Ok(m.clone()),
+            Some(serde_json::Value::String(m)) if !m.is_empty() => return Ok((m.clone(), stream)),
             Some(serde_json::Value::String(_)) => return Err(BrokerError::MissingModel),
             Some(other) => return Err(BrokerError::MalformedJson(format!("\"{key}\" must be a string, not {other}"))),
         }
@@ -225,10 +230,27 @@ fn request_id(headers: &HeaderMap) -> String {
 
 async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     let id = request_id(req.headers());
-    let (mut response, attempts) = match serve(&state, req, &id).await {
-        Ok(r) => (r, None),
-        Err((e, attempts)) => (e.into_response(), Some(attempts)),
+    // `GET /` and `HEAD /` are clients checking the server is up: not worth a record each.
+    let origin = match state.listener.origin {
+        crate::config::Origin::Local => "local",
+        crate::config::Origin::Remote => "remote",
     };
+    let mut trace = (req.uri().path() != "/").then(|| state.shared.telemetry.begin(&id, req.uri().path(), origin));
+    let (mut response, attempts) = match serve(&state, req, &id, &mut trace).await {
+        Ok(r) => (r, None),
+        Err((e, attempts)) => {
+            if let Some(mut t) = trace.take() {
+                t.row.attempts = i64::from(attempts);
+                t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
+            }
+            (e.into_response(), Some(attempts))
+        }
+    };
+    // Answers that did not go through a relay (merged, fanned out, the node's own 404) end here.
+    if let Some(t) = trace.take() {
+        let status = response.status().as_u16();
+        t.finish(status_for(status), Some(status), None);
+    }
     let h = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&id) {
         h.insert("x-request-id", v);
@@ -239,7 +261,12 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     response
 }
 
-async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (BrokerError, u32)> {
+async fn serve(
+    state: &ProxyState,
+    req: Request,
+    id: &str,
+    trace: &mut Option<Trace>,
+) -> Result<Response, (BrokerError, u32)> {
     let shared = &state.shared;
     let config = shared.config();
     let (parts, body) = req.into_parts();
@@ -253,16 +280,26 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
     }
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
 
-    let model = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
-        let name = match path.strip_prefix("/v1/models/") {
-            Some(m) => m.to_string(),
-            None => model_of(&body).map_err(|e| (e, 0))?,
-        };
-        Some(name)
+    let (model, stream) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
+        match path.strip_prefix("/v1/models/") {
+            Some(m) => (Some(m.to_string()), None),
+            None => model_of(&body).map(|(m, s)| (Some(m), s)).map_err(|e| (e, 0))?,
+        }
     } else {
-        None
+        (None, None)
     };
+    if let Some(t) = trace.as_mut() {
+        t.row.model = model.clone().unwrap_or_default();
+        // Ollama's own endpoints stream unless told not to; `/v1` only when asked.
+        t.row.streamed = stream.unwrap_or(
+            !path.starts_with("/v1/")
+                && matches!(path.as_str(), "/api/chat" | "/api/generate" | "/api/pull" | "/api/create" | "/api/push"),
+        );
+    }
     let category = categorize(&config, &state.listener, &parts.headers, model.as_deref()).map_err(|e| (e, 0))?;
+    if let Some(t) = trace.as_mut() {
+        t.row.category = category.clone();
+    }
     let queue_timeout = queue_timeout(&config, &category, &parts.headers).map_err(|e| (e, 0))?;
     let context_warning = match (model.as_deref(), config.proxy.context_guard) {
         (Some(m), true) => context::check(shared, &config, &path, m, &body).map_err(|e| (e, 0))?,
@@ -295,7 +332,7 @@ async fn serve(state: &ProxyState, req: Request, id: &str) -> Result<Response, (
         request_id: id.to_string(),
         queue_timeout,
     };
-    let mut response = forward::forward(shared, out).await?;
+    let mut response = forward::forward(shared, out, trace).await?;
     if let Some(w) = context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
     }

@@ -28,6 +28,7 @@ pub fn cluster(n: usize) -> ClusterBuilder {
     let mut config = Config::default();
     config.listeners[0].addr = "127.0.0.1:0".into();
     config.admin.addr = "127.0.0.1:0".into();
+    config.store.path = Some(temp_db().display().to_string());
     // Probes are driven explicitly by the tests that need them.
     config.health.interval_ms = 3_600_000;
     config.health.deep_interval_ms = 3_600_000;
@@ -161,4 +162,13 @@ pub fn long_seed(min: usize) -> u64 {
     (0u64..10_000)
         .find(|s| corral::sim::text::complete(*s, None).tokens.len() >= min)
         .expect("some seed gives a long answer")
+}
+
+/// A fresh SQLite path for one test.
+pub fn temp_db() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!("corral-test-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(format!("store-{}.db", N.fetch_add(1, Ordering::Relaxed)))
 }

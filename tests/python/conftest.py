@@ -19,11 +19,16 @@ class Proc:
         env = dict(os.environ, NO_COLOR="1", CORRAL_LOG="info")
         self.p = subprocess.Popen([BIN, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         self.lines = queue.Queue()
+        self.seen = []
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self):
         for line in self.p.stdout:
+            self.seen.append(line)
             self.lines.put(line)
+
+    def last_line_with(self, needle):
+        return [l for l in self.seen if needle in l][-1]
 
     def urls(self, needle, count=1, timeout=30):
         found = []
@@ -56,16 +61,17 @@ def sims():
 def corral(request, sims):
     """Base URL of a running broker: `corral serve` over three sims, or `corral demo`."""
     if request.param == "serve":
-        cfg = "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n"
+        tmp = tempfile.mkdtemp(prefix="corral-py-")
+        cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp}/corral.db\"\n\n"
         for i, url in enumerate(sims):
             cfg += f"[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n"
-        path = os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "corral.toml")
+        path = os.path.join(tmp, "corral.toml")
         with open(path, "w") as f:
             f.write(cfg)
         proc = Proc("serve", "--config", path)
         (url,) = proc.urls("serving the Ollama API on")
     else:
-        proc = Proc("demo", "--port", str(free_port()), "--admin-port", "0")
+        proc = Proc("demo", "--port", str(free_port()), "--admin-port", "0", "--db", os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "demo.db"))
         (url,) = proc.urls("Ollama API:")
     yield url
     proc.stop()

@@ -94,8 +94,9 @@ def test_ollama_client_sees_a_mid_stream_failure_as_an_error(sims):
     """A node that breaks off mid-answer surfaces as ResponseError, never as a finished answer."""
     from conftest import Proc
     import os, tempfile
-    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[[nodes]]\nname = \"only\"\nurl = \"{sims[0]}\"\n"
-    path = os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "corral.toml")
+    tmp = tempfile.mkdtemp(prefix="corral-py-")
+    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp}/corral.db\"\n\n[[nodes]]\nname = \"only\"\nurl = \"{sims[0]}\"\n"
+    path = os.path.join(tmp, "corral.toml")
     with open(path, "w") as f:
         f.write(cfg)
     proc = Proc("serve", "--config", path)
@@ -110,4 +111,35 @@ def test_ollama_client_sees_a_mid_stream_failure_as_an_error(sims):
         assert len(seen) == 2 and not any(p.done for p in seen)
     finally:
         _sim_faults(sims[0], {})
+        proc.stop()
+
+
+def test_metrics_parse_with_the_prometheus_parser(tmp_path, sims):
+    """/metrics is valid Prometheus text and counts what was served."""
+    from conftest import Proc
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+    cfg = tmp_path / "corral.toml"
+    cfg.write_text(
+        f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp_path}/c.db\"\n\n"
+        f"[[nodes]]\nname = \"only\"\nurl = \"{sims[1]}\"\n"
+    )
+    proc = Proc("serve", "--config", str(cfg))
+    try:
+        (url,) = proc.urls("serving the Ollama API on")
+        (admin,) = proc.urls("Admin API on")
+        token = None
+        # The token is printed on the same line as the admin URL.
+        for _ in range(3):
+            ollama.Client(host=url).chat(model="llama3.2", messages=[{"role": "user", "content": "hi"}])
+        import re, subprocess
+        line = proc.last_line_with("Admin API on")
+        token = re.search(r"token: (\w+)", line).group(1)
+        req = urllib.request.Request(f"{admin}/metrics", headers={"Authorization": f"Bearer {token}"})
+        text = urllib.request.urlopen(req).read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        served = sum(s.value for s in families["corral_requests"].samples if s.labels.get("node") == "only" and s.labels.get("outcome") == "ok")
+        assert served == 3
+        assert "corral_time_to_first_byte_seconds" in families
+        assert "corral_queue_depth" in families
+    finally:
         proc.stop()

@@ -1,0 +1,106 @@
+//! `corral history`: request metadata from the store, as a table, CSV or JSON.
+//!
+//! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use corral::store::{query_requests, Query, RequestRow};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+pub async fn run(db: &Path, query: Query, format: Format) -> ExitCode {
+    if !db.exists() {
+        eprintln!("error: no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display());
+        return ExitCode::from(1);
+    }
+    let pool = match corral::store::open_pool(db, true).await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let rows = match query_requests(&pool, &query).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match format {
+        Format::Json => match serde_json::to_string_pretty(&rows) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
+            }
+        },
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(std::io::stdout());
+            for r in &rows {
+                if let Err(e) = w.serialize(r) {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+            let _ = w.flush();
+        }
+        Format::Table => table(&rows),
+    }
+    ExitCode::SUCCESS
+}
+
+fn table(rows: &[RequestRow]) {
+    println!(
+        "{:<20} {:<14} {:<10} {:<20} {:<10} {:<12} {:>4} {:>8} {:>8} {:>7} {:<16}",
+        "STARTED (UTC)",
+        "ENDPOINT",
+        "CATEGORY",
+        "MODEL",
+        "NODE",
+        "STATUS",
+        "TRY",
+        "TTFB ms",
+        "TOTAL ms",
+        "TOKENS",
+        "ERROR"
+    );
+    for r in rows {
+        let started = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(r.started_at) * 1_000_000)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::macros::format_description!("[year]-[month]-[day] [hour]:[minute]:[second]")).ok()
+            })
+            .unwrap_or_default();
+        let opt = |v: Option<i64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<20} {:<14} {:<10} {:<20} {:<10} {:<12} {:>4} {:>8} {:>8} {:>7} {:<16}",
+            started,
+            truncate(&r.endpoint, 14),
+            truncate(&r.category, 10),
+            truncate(&r.model, 20),
+            truncate(r.node.as_deref().unwrap_or("-"), 10),
+            r.status,
+            r.attempts,
+            opt(r.ttfb_ms),
+            opt(r.total_ms),
+            opt(r.completion_tokens),
+            r.error_code.as_deref().unwrap_or(""),
+        );
+    }
+    println!("{} request(s)", rows.len());
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).chain(std::iter::once('…')).collect()
+    }
+}

@@ -1,0 +1,445 @@
+//! The request store: one metadata row per request, node events, per-minute rollups, in SQLite
+//! (sqlx, WAL). Never prompt or output text.
+//!
+//! The request path never waits on disk: it hands records to a bounded channel (`try_send`), and
+//! one writer task drains it in batches, one transaction per batch. If the channel is full the
+//! record is dropped and counted, and the count itself is written (`dropped_records`) and shown
+//! in status, so a gap in the history is never silent.
+//!
+//! A request's row is inserted as `running` when it starts and completed when it ends; rows
+//! still `running` at the next start were cut off by a crash and become `unknown` (never
+//! silently `ok`). Retention deletes by age and keeps at most `max_rows`.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::StoreConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the request store at {path}: {source}")]
+    Open { path: String, source: sqlx::Error },
+    #[error("cannot migrate the request store at {path}: {source}")]
+    Migrate { path: String, source: sqlx::migrate::MigrateError },
+    #[error("request store query failed: {0}")]
+    Query(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Open { .. } => "store_open_failed",
+            Self::Migrate { .. } => "store_migrate_failed",
+            Self::Query(_) => "store_query_failed",
+        }
+    }
+}
+
+/// The start of a request.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub id: String,
+    pub started_at: i64,
+    pub endpoint: String,
+}
+
+/// Everything known when a request ends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RequestRow {
+    pub id: String,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub endpoint: String,
+    pub category: String,
+    pub origin: String,
+    pub model: String,
+    pub node: Option<String>,
+    pub attempts: i64,
+    pub fallback: Option<String>,
+    pub status: String,
+    pub http_status: Option<i64>,
+    pub error_code: Option<String>,
+    pub queued_ms: Option<i64>,
+    pub ttfb_ms: Option<i64>,
+    pub total_ms: Option<i64>,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    pub streamed: bool,
+    pub interrupted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeEventRow {
+    pub at: i64,
+    pub node: String,
+    pub from_state: String,
+    pub to_state: String,
+    pub reason: String,
+}
+
+#[derive(Debug)]
+enum Record {
+    Started(Started),
+    Finished(Box<RequestRow>),
+    NodeEvent(NodeEventRow),
+}
+
+/// Filters for `history` and `/admin/requests`.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+pub struct Query {
+    /// Only requests started at or after this (unix ms).
+    pub since_ms: Option<i64>,
+    pub node: Option<String>,
+    pub category: Option<String>,
+    pub status: Option<String>,
+    pub limit: Option<i64>,
+}
+
+/// Cheap to clone; the request path's handle on the store.
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+    tx: mpsc::Sender<Record>,
+    dropped: Arc<AtomicU64>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// The store file: `store.path`, else `corral.db` in the platform data dir.
+pub fn default_path(config: &StoreConfig) -> PathBuf {
+    if let Some(p) = &config.path {
+        return PathBuf::from(p);
+    }
+    directories::ProjectDirs::from("dev", "corral", "corral")
+        .map(|d| d.data_dir().join("corral.db"))
+        .unwrap_or_else(|| PathBuf::from("corral.db"))
+}
+
+pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let opts = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(!read_only)
+        .read_only(read_only)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5));
+    SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(opts)
+        .await
+        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })
+}
+
+impl Store {
+    /// Open (creating and migrating as needed), mark rows a crash left `running` as `unknown`,
+    /// and start the writer and retention tasks. Returns the tasks for the caller to own.
+    pub async fn open(
+        config: &StoreConfig,
+        cancel: CancellationToken,
+    ) -> Result<(Store, Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>), StoreError> {
+        let path = default_path(config);
+        let pool = open_pool(&path, false).await?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .map_err(|source| StoreError::Migrate { path: path.display().to_string(), source })?;
+        let recovered =
+            sqlx::query("UPDATE requests SET status = 'unknown' WHERE status = 'running'").execute(&pool).await?;
+        if recovered.rows_affected() > 0 {
+            tracing::warn!(
+                rows = recovered.rows_affected(),
+                "requests left running by an earlier crash marked unknown"
+            );
+        }
+        let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let store = Store { pool: pool.clone(), tx, dropped: Arc::clone(&dropped), path };
+        let writer = Box::pin(writer(pool.clone(), rx, dropped, cancel.clone()));
+        let retention = Box::pin(retention(pool, config.clone(), cancel));
+        Ok((store, vec![writer, retention]))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Records the request path could not hand over since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn send(&self, r: Record) {
+        if self.tx.try_send(r).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn started(&self, s: Started) {
+        self.send(Record::Started(s));
+    }
+
+    pub fn finished(&self, row: RequestRow) {
+        self.send(Record::Finished(Box::new(row)));
+    }
+
+    pub fn node_event(&self, e: NodeEventRow) {
+        self.send(Record::NodeEvent(e));
+    }
+
+    pub async fn requests(&self, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
+        query_requests(&self.pool, q).await
+    }
+
+    pub async fn node_events(&self, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {
+        query_node_events(&self.pool, since_ms).await
+    }
+}
+
+pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
+    let mut sql = String::from(
+        "SELECT id, started_at, finished_at, endpoint, category, origin, model, node, attempts, fallback, status, \
+         http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, streamed, interrupted \
+         FROM requests WHERE started_at >= ?",
+    );
+    if q.node.is_some() {
+        sql += " AND node = ?";
+    }
+    if q.category.is_some() {
+        sql += " AND category = ?";
+    }
+    if q.status.is_some() {
+        sql += " AND status = ?";
+    }
+    sql += " ORDER BY started_at DESC, id LIMIT ?";
+    let mut query = sqlx::query(&sql).bind(q.since_ms.unwrap_or(0));
+    for v in [&q.node, &q.category, &q.status].into_iter().flatten() {
+        query = query.bind(v);
+    }
+    let rows = query.bind(q.limit.unwrap_or(1000).clamp(1, 1_000_000)).fetch_all(pool).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| RequestRow {
+            id: r.get("id"),
+            started_at: r.get("started_at"),
+            finished_at: r.get("finished_at"),
+            endpoint: r.get("endpoint"),
+            category: r.get("category"),
+            origin: r.get("origin"),
+            model: r.get("model"),
+            node: r.get("node"),
+            attempts: r.get("attempts"),
+            fallback: r.get("fallback"),
+            status: r.get("status"),
+            http_status: r.get("http_status"),
+            error_code: r.get("error_code"),
+            queued_ms: r.get("queued_ms"),
+            ttfb_ms: r.get("ttfb_ms"),
+            total_ms: r.get("total_ms"),
+            prompt_tokens: r.get("prompt_tokens"),
+            completion_tokens: r.get("completion_tokens"),
+            streamed: r.get::<i64, _>("streamed") != 0,
+            interrupted: r.get::<i64, _>("interrupted") != 0,
+        })
+        .collect())
+}
+
+pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {
+    let rows =
+        sqlx::query("SELECT at, node, from_state, to_state, reason FROM node_events WHERE at >= ? ORDER BY at, id")
+            .bind(since_ms)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| NodeEventRow {
+            at: r.get("at"),
+            node: r.get("node"),
+            from_state: r.get("from_state"),
+            to_state: r.get("to_state"),
+            reason: r.get("reason"),
+        })
+        .collect())
+}
+
+/// Drain the channel in batches, one transaction each, until cancelled and empty.
+async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<AtomicU64>, cancel: CancellationToken) {
+    let mut written_drops = 0u64;
+    loop {
+        let first = tokio::select! {
+            r = rx.recv() => r,
+            _ = cancel.cancelled() => {
+                // Flush what is queued, then stop.
+                rx.close();
+                rx.recv().await
+            }
+        };
+        let Some(first) = first else { break };
+        let mut batch = vec![first];
+        while batch.len() < 1024 {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        let now_dropped = dropped.load(Ordering::Relaxed);
+        if let Err(e) = write_batch(&pool, &batch, now_dropped - written_drops).await {
+            tracing::error!(error = %e, records = batch.len(), "request store write failed");
+        } else {
+            written_drops = now_dropped;
+        }
+    }
+    tracing::debug!("store writer stopped");
+}
+
+async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    for r in batch {
+        match r {
+            Record::Started(s) => {
+                sqlx::query(
+                    "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status) VALUES (?, ?, ?, 'running')",
+                )
+                .bind(&s.id)
+                .bind(s.started_at)
+                .bind(&s.endpoint)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Record::Finished(row) => {
+                sqlx::query(
+                    "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
+                     fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
+                     streamed, interrupted) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) \
+                     ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
+                     category=excluded.category, origin=excluded.origin, model=excluded.model, node=excluded.node, \
+                     attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
+                     http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
+                     ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
+                     completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted",
+                )
+                .bind(&row.id)
+                .bind(row.started_at)
+                .bind(row.finished_at)
+                .bind(&row.endpoint)
+                .bind(&row.category)
+                .bind(&row.origin)
+                .bind(&row.model)
+                .bind(&row.node)
+                .bind(row.attempts)
+                .bind(&row.fallback)
+                .bind(&row.status)
+                .bind(row.http_status)
+                .bind(&row.error_code)
+                .bind(row.queued_ms)
+                .bind(row.ttfb_ms)
+                .bind(row.total_ms)
+                .bind(row.prompt_tokens)
+                .bind(row.completion_tokens)
+                .bind(row.streamed)
+                .bind(row.interrupted)
+                .execute(&mut *tx)
+                .await?;
+                if let Some(node) = &row.node {
+                    let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
+                    let error = i64::from(row.status != "ok" && row.status != "client_error");
+                    sqlx::query(
+                        "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
+                         VALUES (?, ?, 1, ?, ?, ?, ?) ON CONFLICT(minute, node) DO UPDATE SET requests = requests + 1, \
+                         errors = errors + excluded.errors, total_ms_sum = total_ms_sum + excluded.total_ms_sum, \
+                         ttfb_ms_sum = ttfb_ms_sum + excluded.ttfb_ms_sum, \
+                         completion_tokens = completion_tokens + excluded.completion_tokens",
+                    )
+                    .bind(minute)
+                    .bind(node)
+                    .bind(error)
+                    .bind(row.total_ms.unwrap_or(0))
+                    .bind(row.ttfb_ms.unwrap_or(0))
+                    .bind(row.completion_tokens.unwrap_or(0))
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+            Record::NodeEvent(e) => {
+                sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
+                    .bind(e.at)
+                    .bind(&e.node)
+                    .bind(&e.from_state)
+                    .bind(&e.to_state)
+                    .bind(&e.reason)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    if new_drops > 0 {
+        sqlx::query("INSERT INTO dropped_records (at, count) VALUES (?, ?)")
+            .bind(now_ms())
+            .bind(new_drops as i64)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// Delete by age and keep at most `max_rows`, now and then every `retention_interval_ms`.
+async fn retention(pool: SqlitePool, config: StoreConfig, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_millis(config.retention_interval_ms.max(1)));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tick.tick() => {
+                if let Err(e) = apply_retention(&pool, &config).await {
+                    tracing::warn!(error = %e, "retention pass failed");
+                }
+            }
+        }
+    }
+}
+
+pub async fn apply_retention(pool: &SqlitePool, config: &StoreConfig) -> Result<u64, StoreError> {
+    let cutoff = now_ms() - (config.max_age_days as i64) * 86_400_000;
+    let mut removed = sqlx::query("DELETE FROM requests WHERE started_at < ? AND status != 'running'")
+        .bind(cutoff)
+        .execute(pool)
+        .await?
+        .rows_affected();
+    removed += sqlx::query(
+        "DELETE FROM requests WHERE id IN (SELECT id FROM requests ORDER BY started_at DESC, id LIMIT -1 OFFSET ?)",
+    )
+    .bind(config.max_rows as i64)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    sqlx::query("DELETE FROM node_events WHERE at < ?").bind(cutoff).execute(pool).await?;
+    sqlx::query("DELETE FROM rollups WHERE minute < ?").bind(cutoff / 60_000).execute(pool).await?;
+    Ok(removed)
+}
+
+pub fn now_ms() -> i64 {
+    (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// Dropped-record total as written in the store (survives restarts).
+pub async fn dropped_total(pool: &SqlitePool) -> Result<i64, StoreError> {
+    Ok(sqlx::query("SELECT COALESCE(SUM(count), 0) AS n FROM dropped_records").fetch_one(pool).await?.get("n"))
+}

@@ -1,0 +1,352 @@
+//! Telemetry: what happened, for people and machines.
+//!
+//! - A live event bus (`tokio::sync::broadcast`): node state changes, finished requests, config
+//!   reloads. The store, the admin SSE stream and the desktop notifications all listen to it;
+//!   nothing on the request path waits for a listener.
+//! - Prometheus metrics (`prometheus-client`, an explicit registry, no global recorder):
+//!   requests by node/category/outcome, latency and time-to-first-byte histograms, tokens,
+//!   fallbacks; gauges (in-flight, queue depth, breaker, health) are read at scrape time.
+//! - One `Trace` per request: it fills in the request's row as the request moves along, and
+//!   when it ends (or is dropped: the client left) it is judged once and fans out to the store,
+//!   the metrics, the bus, and one structured `tracing` event with the same fields as the row.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry as MetricsRegistry;
+use serde::Serialize;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::node::{NodeState, Registry};
+use crate::store::{now_ms, RequestRow, Started, Store};
+
+/// Something worth telling listeners about.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    NodeState { node: String, from: NodeState, to: NodeState, reason: String, at: i64 },
+    Request(Box<RequestRow>),
+    ConfigReload { ok: bool, error: Option<String> },
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    node: String,
+    category: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    node: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    node: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 ms .. ~164 s: LLM answers span five orders of magnitude.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.0, 16))
+}
+
+struct Metrics {
+    registry: MetricsRegistry,
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<NodeLabels, Histogram, fn() -> Histogram>,
+    ttfb: Family<NodeLabels, Histogram, fn() -> Histogram>,
+    tokens: Family<TokenLabels, Counter>,
+    fallbacks: Family<ProviderLabels, Counter>,
+    in_flight: Family<NodeLabels, Gauge>,
+    breaker_open: Family<NodeLabels, Gauge>,
+    node_state: Family<StateLabels, Gauge>,
+    queue_depth: Gauge,
+    store_dropped: Gauge,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = MetricsRegistry::with_prefix("corral");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let duration = Family::<NodeLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let ttfb = Family::<NodeLabels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let tokens = Family::<TokenLabels, Counter>::default();
+        let fallbacks = Family::<ProviderLabels, Counter>::default();
+        let in_flight = Family::<NodeLabels, Gauge>::default();
+        let breaker_open = Family::<NodeLabels, Gauge>::default();
+        let node_state = Family::<StateLabels, Gauge>::default();
+        let queue_depth = Gauge::default();
+        let store_dropped = Gauge::default();
+        registry.register("requests", "Requests finished, by node, category and outcome", requests.clone());
+        registry.register("request_duration_seconds", "Whole request time, by node", duration.clone());
+        registry.register("time_to_first_byte_seconds", "Time to the first byte of the answer, by node", ttfb.clone());
+        registry.register("tokens", "Tokens by node and kind (prompt, completion)", tokens.clone());
+        registry.register("fallbacks", "Requests answered by a cloud provider", fallbacks.clone());
+        registry.register("in_flight", "Requests running on a node", in_flight.clone());
+        registry.register("breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open", breaker_open.clone());
+        registry.register("node_state", "1 for the state each node is in", node_state.clone());
+        registry.register("queue_depth", "Requests waiting for a free node", queue_depth.clone());
+        registry.register(
+            "store_dropped_records",
+            "Request records dropped because the store writer fell behind",
+            store_dropped.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            duration,
+            ttfb,
+            tokens,
+            fallbacks,
+            in_flight,
+            breaker_open,
+            node_state,
+            queue_depth,
+            store_dropped,
+        }
+    }
+}
+
+pub struct Telemetry {
+    bus: broadcast::Sender<Event>,
+    metrics: Metrics,
+    store: Option<Store>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry").field("store", &self.store).finish()
+    }
+}
+
+impl Telemetry {
+    pub fn new(store: Option<Store>, bus: broadcast::Sender<Event>) -> Self {
+        Self { bus, metrics: Metrics::new(), store }
+    }
+
+    /// A fresh bus; node state changes are published on it from the registry.
+    pub fn bus() -> broadcast::Sender<Event> {
+        broadcast::channel(1024).0
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.bus.subscribe()
+    }
+
+    pub fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
+    }
+
+    pub fn publish(&self, e: Event) {
+        let _ = self.bus.send(e);
+    }
+
+    /// Start tracing a request.
+    pub fn begin(self: &Arc<Self>, id: &str, endpoint: &str, origin: &str) -> Trace {
+        let started_at = now_ms();
+        if let Some(s) = &self.store {
+            s.started(Started { id: id.to_string(), started_at, endpoint: endpoint.to_string() });
+        }
+        Trace {
+            telemetry: Arc::clone(self),
+            started: Instant::now(),
+            row: RequestRow {
+                id: id.to_string(),
+                started_at,
+                endpoint: endpoint.to_string(),
+                origin: origin.to_string(),
+                status: "running".into(),
+                ..RequestRow::default()
+            },
+            done: false,
+        }
+    }
+
+    /// Prometheus text exposition, gauges read now.
+    pub fn render(&self, registry: &Registry, queue_depth: usize) -> String {
+        let m = &self.metrics;
+        for n in registry.all().iter() {
+            let node = NodeLabels { node: n.name().to_string() };
+            m.in_flight.get_or_create(&node).set(n.in_flight() as i64);
+            let breaker = match n.breaker_state() {
+                crate::breaker::BreakerState::Closed => 0,
+                crate::breaker::BreakerState::HalfOpen => 1,
+                crate::breaker::BreakerState::Open => 2,
+            };
+            m.breaker_open.get_or_create(&node).set(breaker);
+            let current = n.state();
+            for s in [
+                NodeState::Unknown,
+                NodeState::Healthy,
+                NodeState::Unhealthy,
+                NodeState::Recovering,
+                NodeState::Draining,
+                NodeState::Disabled,
+            ] {
+                m.node_state
+                    .get_or_create(&StateLabels { node: n.name().to_string(), state: s.name().to_string() })
+                    .set(i64::from(s == current));
+            }
+        }
+        m.queue_depth.set(queue_depth as i64);
+        m.store_dropped.set(self.store.as_ref().map_or(0, |s| s.dropped() as i64));
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+
+    fn finish(&self, row: RequestRow) {
+        let m = &self.metrics;
+        let node = row.node.clone().unwrap_or_else(|| "none".into());
+        m.requests
+            .get_or_create(&RequestLabels {
+                node: node.clone(),
+                category: row.category.clone(),
+                outcome: row.status.clone(),
+            })
+            .inc();
+        let labels = NodeLabels { node: node.clone() };
+        if let Some(ms) = row.total_ms {
+            m.duration.get_or_create(&labels).observe(ms as f64 / 1000.0);
+        }
+        if let Some(ms) = row.ttfb_ms {
+            m.ttfb.get_or_create(&labels).observe(ms as f64 / 1000.0);
+        }
+        for (kind, n) in [("prompt", row.prompt_tokens), ("completion", row.completion_tokens)] {
+            if let Some(n) = n.filter(|n| *n > 0) {
+                m.tokens.get_or_create(&TokenLabels { node: node.clone(), kind: kind.into() }).inc_by(n as u64);
+            }
+        }
+        if let Some(p) = &row.fallback {
+            m.fallbacks.get_or_create(&ProviderLabels { provider: p.clone() }).inc();
+        }
+        tracing::info!(
+            target: "corral::request",
+            id = %row.id, endpoint = %row.endpoint, category = %row.category, origin = %row.origin, model = %row.model,
+            node = row.node.as_deref().unwrap_or(""), attempts = row.attempts, status = %row.status,
+            http_status = row.http_status.unwrap_or(0), error_code = row.error_code.as_deref().unwrap_or(""),
+            queued_ms = row.queued_ms.unwrap_or(0), ttfb_ms = row.ttfb_ms.unwrap_or(0), total_ms = row.total_ms.unwrap_or(0),
+            prompt_tokens = row.prompt_tokens.unwrap_or(0), completion_tokens = row.completion_tokens.unwrap_or(0),
+            streamed = row.streamed, interrupted = row.interrupted,
+            "request finished"
+        );
+        if let Some(s) = &self.store {
+            s.finished(row.clone());
+        }
+        self.publish(Event::Request(Box::new(row)));
+    }
+}
+
+/// One request's record in the making. Judged once: by `finish`, or on drop as `cancelled`.
+pub struct Trace {
+    telemetry: Arc<Telemetry>,
+    started: Instant,
+    pub row: RequestRow,
+    done: bool,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace").field("id", &self.row.id).finish()
+    }
+}
+
+impl Trace {
+    pub fn elapsed_ms(&self) -> i64 {
+        self.started.elapsed().as_millis() as i64
+    }
+
+    /// Time from arrival to dispatch (set on the first dispatch only).
+    pub fn mark_dispatched(&mut self) {
+        if self.row.queued_ms.is_none() {
+            self.row.queued_ms = Some(self.elapsed_ms());
+        }
+    }
+
+    pub fn mark_first_byte(&mut self) {
+        self.row.ttfb_ms = Some(self.elapsed_ms());
+    }
+
+    /// Judge the request: `status` is ok | client_error | error | interrupted | cancelled.
+    pub fn finish(mut self, status: &str, http_status: Option<u16>, error_code: Option<&str>) {
+        self.complete(status, http_status, error_code);
+    }
+
+    fn complete(&mut self, status: &str, http_status: Option<u16>, error_code: Option<&str>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.row.status = status.to_string();
+        self.row.http_status = http_status.map(i64::from).or(self.row.http_status);
+        self.row.error_code = error_code.map(str::to_string).or(self.row.error_code.take());
+        self.row.finished_at = Some(now_ms());
+        self.row.total_ms = Some(self.elapsed_ms());
+        self.row.interrupted = status == "interrupted";
+        self.telemetry.finish(std::mem::take(&mut self.row));
+    }
+}
+
+impl Drop for Trace {
+    fn drop(&mut self) {
+        // Dropped unjudged: the client went away before the end.
+        self.complete("cancelled", Some(499), Some("client_gone"));
+    }
+}
+
+/// Status word for an HTTP status the client got.
+pub fn status_for(http: u16) -> &'static str {
+    match http {
+        200..=399 => "ok",
+        400..=499 => "client_error",
+        _ => "error",
+    }
+}
+
+/// Token counts from the end of an answer (Ollama's final chunk or OpenAI's usage), found by
+/// scanning the last bytes: `(prompt, completion)`.
+pub fn tokens_in_tail(tail: &[u8]) -> (Option<i64>, Option<i64>) {
+    let text = String::from_utf8_lossy(tail);
+    let find = |key: &str| -> Option<i64> {
+        let at = text.rfind(&format!("\"{key}\":"))? + key.len() + 3;
+        let digits: String = text[at..].trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
+        digits.parse().ok()
+    };
+    let prompt = find("prompt_eval_count").or_else(|| find("prompt_tokens"));
+    let completion = find("eval_count").or_else(|| find("completion_tokens"));
+    (prompt, completion)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_found_in_ollama_and_openai_tails() {
+        let ollama = br#"{"done":true,"eval_count":12,"prompt_eval_count":7,"total_duration":5}"#;
+        assert_eq!(tokens_in_tail(ollama), (Some(7), Some(12)));
+        let openai = br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}"#;
+        assert_eq!(tokens_in_tail(openai), (Some(3), Some(9)));
+        assert_eq!(tokens_in_tail(b"nothing here"), (None, None));
+    }
+}
