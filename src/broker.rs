@@ -126,9 +126,8 @@ impl Broker {
         let health = config.health.clone();
         let store = if config.store.enabled {
             let (store, tasks) = crate::store::Store::open(&config.store, store_cancel.clone()).await?;
-            for t in tasks {
-                store_tracker.spawn(t);
-            }
+            store_tracker.spawn(tasks.writer);
+            store_tracker.spawn(tasks.retention);
             tracing::info!(path = %store.path().display(), "request store open");
             Some(store)
         } else {

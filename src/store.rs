@@ -103,6 +103,16 @@ pub struct Query {
     pub limit: Option<i64>,
 }
 
+type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// The store's background tasks, for the caller to spawn and own.
+pub struct StoreTasks {
+    /// Drains the record channel into SQLite; ends after cancellation once the channel is empty.
+    pub writer: Task,
+    /// Applies retention at start and every `retention_interval_ms`.
+    pub retention: Task,
+}
+
 /// Cheap to clone; the request path's handle on the store.
 #[derive(Clone)]
 pub struct Store {
@@ -149,10 +159,7 @@ pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, Store
 impl Store {
     /// Open (creating and migrating as needed), mark rows a crash left `running` as `unknown`,
     /// and start the writer and retention tasks. Returns the tasks for the caller to own.
-    pub async fn open(
-        config: &StoreConfig,
-        cancel: CancellationToken,
-    ) -> Result<(Store, Vec<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>), StoreError> {
+    pub async fn open(config: &StoreConfig, cancel: CancellationToken) -> Result<(Store, StoreTasks), StoreError> {
         let path = default_path(config);
         let pool = open_pool(&path, false).await?;
         sqlx::migrate!("./migrations")
@@ -172,7 +179,7 @@ impl Store {
         let store = Store { pool: pool.clone(), tx, dropped: Arc::clone(&dropped), path };
         let writer = Box::pin(writer(pool.clone(), rx, dropped, cancel.clone()));
         let retention = Box::pin(retention(pool, config.clone(), cancel));
-        Ok((store, vec![writer, retention]))
+        Ok((store, StoreTasks { writer, retention }))
     }
 
     pub fn path(&self) -> &Path {
