@@ -91,6 +91,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/config/export", get(export_config))
         .route("/metrics", get(metrics))
         .route("/admin/requests", get(requests))
+        .route("/admin/charts/{file}", get(chart))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
 }
@@ -112,6 +113,7 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("GET", "/admin/config/export"),
     ("GET", "/metrics"),
     ("GET", "/admin/requests"),
+    ("GET", "/admin/charts/latency.svg"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -330,7 +332,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -422,4 +424,42 @@ async fn requests(
     let query = crate::store::Query { since_ms, node: q.node, category: q.category, status: q.status, limit: q.limit };
     let rows = store.requests(&query).await.map_err(|e| AdminError::BadBody(e.to_string()))?;
     Ok(Json(json!({ "requests": rows, "dropped_records": store.dropped() })))
+}
+
+#[derive(Debug, Deserialize)]
+struct ChartQuery {
+    window: Option<String>,
+    width: Option<u32>,
+    height: Option<u32>,
+}
+
+/// `GET /admin/charts/{chart}.svg?window=15m`: one chart of the recent past, from the store.
+async fn chart(
+    State(s): State<AdminState>,
+    Path(file): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<ChartQuery>,
+) -> Result<Response, AdminError> {
+    let name = file.strip_suffix(".svg").unwrap_or(&file);
+    let chart = crate::charts::Chart::from_name(name).ok_or_else(|| AdminError::NotFound {
+        kind: "chart (known: latency, ttfb, throughput, outcomes, queue, health)",
+        name: name.to_string(),
+    })?;
+    let window = q.window.as_deref().unwrap_or("15m");
+    let from =
+        parse_since(window).ok_or_else(|| AdminError::BadBody(format!("window=\"{window}\" is not like 15m or 1h")))?;
+    let store = s
+        .shared
+        .telemetry
+        .store()
+        .ok_or_else(|| AdminError::NotFound { kind: "request store (it is disabled)", name: "store".into() })?;
+    let to = crate::store::now_ms();
+    let rows = store
+        .requests(&crate::store::Query { since_ms: Some(from), limit: Some(200_000), ..Default::default() })
+        .await
+        .map_err(|e| AdminError::BadBody(e.to_string()))?;
+    let events = store.node_events(from).await.map_err(|e| AdminError::BadBody(e.to_string()))?;
+    let snap = crate::charts::Snapshot::build(&rows, &events, from, to, 30);
+    let size = (q.width.unwrap_or(640).clamp(200, 4000), q.height.unwrap_or(320).clamp(150, 4000));
+    let svg = crate::charts::svg(chart, &snap, size).map_err(AdminError::BadBody)?;
+    Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
 }

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -156,6 +157,10 @@ impl Broker {
             let stop = cancel.clone();
             tracker.spawn(async move {
                 tracing::info!(%addr, origin = ?lc.origin, "proxy listening");
+                // Small writes (a token, a chunk terminator) must not wait for Nagle + delayed ACK.
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
                 let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
                 if let Err(e) = serve.await {
                     tracing::error!(%addr, error = %e, "proxy listener failed");
@@ -170,6 +175,9 @@ impl Broker {
         let stop = cancel.clone();
         tracker.spawn(async move {
             tracing::info!(addr = %admin_addr, "admin API listening");
+            let admin_listener = admin_listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(admin_listener, admin_app).with_graceful_shutdown(stop.cancelled_owned());
             if let Err(e) = serve.await {
                 tracing::error!(addr = %admin_addr, error = %e, "admin listener failed");

@@ -6,8 +6,10 @@
 
 pub mod admin;
 pub mod admit;
+pub mod bench;
 pub mod breaker;
 pub mod broker;
+pub mod charts;
 pub mod config;
 pub mod error;
 pub mod ewma;

@@ -82,8 +82,24 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Load test an Ollama-API endpoint: requests/s, tokens/s, latency percentiles, errors.
+    Bench(BenchArgs),
     /// Request metadata from the store.
     History(HistoryArgs),
+    /// Charts of latency, time to first token, throughput, outcomes, queue and node health, on one page.
+    Report {
+        /// How far back: 15m, 1h, 7d.
+        #[arg(long, default_value = "1h")]
+        since: String,
+        /// The output file: .png or .svg.
+        #[arg(long)]
+        out: PathBuf,
+        /// The store file (default: from --config, else the platform data dir).
+        #[arg(long)]
+        db: Option<PathBuf>,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Which node has which model (loaded, in VRAM, or on disk); pull models onto nodes.
     Models {
         /// The broker's proxy URL.
@@ -92,6 +108,39 @@ enum Command {
         #[command(subcommand)]
         command: Option<ModelsCommand>,
     },
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// The endpoint under test (Corral, or an Ollama directly).
+    #[arg(long)]
+    url: String,
+    /// Concurrency steps.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    concurrency: Vec<usize>,
+    /// Requests per step.
+    #[arg(long, default_value_t = 200)]
+    requests: usize,
+    /// Longest a step may run, in seconds.
+    #[arg(long, default_value_t = 60)]
+    max_seconds: u64,
+    #[arg(long, default_value = "llama3.2")]
+    model: String,
+    /// Stream the answers (time to first token is measured either way).
+    #[arg(long)]
+    stream: bool,
+    /// Prompt length in words.
+    #[arg(long, default_value_t = 32)]
+    prompt_words: usize,
+    /// Tokens to generate per request.
+    #[arg(long, default_value_t = 16)]
+    num_predict: i64,
+    /// A second endpoint, run interleaved (A B A B) for side-by-side ratios.
+    #[arg(long)]
+    vs: Option<String>,
+    /// Write results.md and bench.png here.
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -179,6 +228,8 @@ async fn run(command: Command) -> ExitCode {
         }
         Command::Config { command: ConfigCommand::Check { file, verbose } } => config_check(&file, verbose),
         Command::History(args) => history(args).await,
+        Command::Bench(args) => bench(args).await,
+        Command::Report { since, out, db, config } => report(&since, &out, db, config.as_deref()).await,
         Command::Models { url, command: None } => cmd::models::list(url.trim_end_matches('/')).await,
         Command::Models { url, command: Some(ModelsCommand::Pull { name, nodes }) } => {
             cmd::models::pull(url.trim_end_matches('/'), &name, &nodes).await
@@ -335,17 +386,131 @@ fn config_check(file: &Path, verbose: bool) -> ExitCode {
     }
 }
 
+async fn bench(a: BenchArgs) -> ExitCode {
+    if a.concurrency.is_empty() || a.concurrency.contains(&0) || a.requests == 0 {
+        eprintln!("error: --concurrency needs positive numbers and --requests at least 1");
+        return ExitCode::from(2);
+    }
+    let plan = corral::bench::Plan {
+        concurrency: a.concurrency.clone(),
+        requests: a.requests,
+        max_duration: Duration::from_secs(a.max_seconds.max(1)),
+        model: a.model.clone(),
+        stream: a.stream,
+        prompt_words: a.prompt_words,
+        num_predict: a.num_predict,
+        timeout: Duration::from_secs(a.max_seconds.max(1)),
+    };
+    let url_a = a.url.trim_end_matches('/').to_string();
+    let url_b = a.vs.as_ref().map(|u| u.trim_end_matches('/').to_string());
+    let rounds = if url_b.is_some() { 2 } else { 1 };
+    let total = (a.requests.div_ceil(rounds) * rounds * plan.concurrency.len() * rounds) as u64;
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {per_sec}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    let tick = bar.clone();
+    let on_done: std::sync::Arc<dyn Fn() + Send + Sync> = std::sync::Arc::new(move || tick.inc(1));
+    let label = bar.clone();
+    let on_step = move |target: &str, c: usize| label.set_message(format!("{target} c={c}"));
+    let steps = corral::bench::run(&plan, ("A", &url_a), url_b.as_deref().map(|u| ("B", u)), on_done, &on_step).await;
+    bar.finish_and_clear();
+    println!("A = {url_a}");
+    if let Some(b) = &url_b {
+        println!("B = {b}");
+    }
+    println!(
+        "{} requests per step, {} prompt words, num_predict {}, {}\n",
+        a.requests,
+        a.prompt_words,
+        a.num_predict,
+        if a.stream { "streamed" } else { "not streamed" }
+    );
+    let md = corral::bench::markdown(&steps);
+    println!("{md}");
+    if let Some(dir) = &a.out {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            eprintln!("error: cannot create {}: {e}", dir.display());
+            return ExitCode::from(1);
+        }
+        let header = format!(
+            "# corral bench\n\nA = {url_a}\n{}\n\n",
+            url_b.as_ref().map(|b| format!("B = {b}\n")).unwrap_or_default()
+        );
+        if let Err(e) = std::fs::write(dir.join("results.md"), header + &md) {
+            eprintln!("error: cannot write results.md: {e}");
+            return ExitCode::from(1);
+        }
+        if let Err(e) = corral::bench::chart_png(&steps, &dir.join("bench.png")) {
+            eprintln!("error: cannot draw bench.png: {e}");
+            return ExitCode::from(1);
+        }
+        println!("wrote {}/results.md and bench.png", dir.display());
+    }
+    let errors: usize = steps.iter().map(|s| s.errors).sum();
+    if errors > 0 {
+        eprintln!("{errors} request(s) failed");
+    }
+    ExitCode::SUCCESS
+}
+
+fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {
+    match db {
+        Some(db) => Ok(db),
+        None => load_config(config).map(|(c, _, _)| corral::store::default_path(&c.store)),
+    }
+}
+
+async fn report(since: &str, out: &Path, db: Option<PathBuf>, config: Option<&Path>) -> ExitCode {
+    let Some(from) = corral::admin::parse_since(since) else {
+        eprintln!("error: --since {since} is not like 15m, 1h or 7d");
+        return ExitCode::from(2);
+    };
+    let ext = out.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    if !matches!(ext.as_deref(), Some("png" | "svg")) {
+        eprintln!("error: --out must end in .png or .svg");
+        return ExitCode::from(2);
+    }
+    let db = match store_path(db, config) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    if !db.exists() {
+        eprintln!("error: no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display());
+        return ExitCode::from(1);
+    }
+    let result = async {
+        let pool = corral::store::open_pool(&db, true).await.map_err(|e| e.to_string())?;
+        let q = corral::store::Query { since_ms: Some(from), limit: Some(1_000_000), ..Default::default() };
+        let rows = corral::store::query_requests(&pool, &q).await.map_err(|e| e.to_string())?;
+        let events = corral::store::query_node_events(&pool, from).await.map_err(|e| e.to_string())?;
+        let snap = corral::charts::Snapshot::build(&rows, &events, from, corral::store::now_ms(), 60);
+        corral::charts::report(&snap, out)?;
+        Ok::<usize, String>(rows.len())
+    }
+    .await;
+    match result {
+        Ok(n) => {
+            println!("wrote {} ({n} requests since {since})", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 async fn history(a: HistoryArgs) -> ExitCode {
     let Some(since_ms) = corral::admin::parse_since(&a.since) else {
         eprintln!("error: --since {} is not like 30s, 15m, 1h or 7d", a.since);
         return ExitCode::from(2);
     };
-    let db = match a.db {
-        Some(db) => db,
-        None => match load_config(a.config.as_deref()) {
-            Ok((c, _, _)) => corral::store::default_path(&c.store),
-            Err(code) => return code,
-        },
+    let db = match store_path(a.db, a.config.as_deref()) {
+        Ok(p) => p,
+        Err(code) => return code,
     };
     let query = corral::store::Query {
         since_ms: Some(since_ms),

@@ -299,3 +299,98 @@ async fn models_pull_lands_on_the_named_nodes_only() {
         assert_eq!(has, i != 1, "gpu{i} has the model: {has}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_history_and_metrics_agree() {
+    let sims: Vec<Proc> =
+        (0..2).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0"])).collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let cfg_text = config_for("agree", &urls);
+    let db = cfg_text
+        .lines()
+        .find(|l| l.starts_with("path = "))
+        .map(|l| l.trim_start_matches("path = ").trim_matches('"').to_string())
+        .unwrap_or_default();
+    let _ = std::fs::remove_file(&db);
+    let cfg = temp_file("agree", &cfg_text);
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let admin_line = serve.wait_for("Admin API on");
+    let admin = admin_line.split_whitespace().find(|w| w.starts_with("http://")).unwrap_or_default().to_string();
+    let token = admin_line.rsplit("token: ").next().unwrap_or_default().trim_end_matches(')').to_string();
+    let out_dir = std::env::temp_dir().join(format!("corral-cli-{}-benchout", std::process::id()));
+    let (code, out, err) = tokio::task::spawn_blocking({
+        let (base, out_dir) = (base.clone(), out_dir.clone());
+        move || {
+            run(&[
+                "bench",
+                "--url",
+                &base,
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "30",
+                "--out",
+                out_dir.to_str().unwrap_or_default(),
+            ])
+        }
+    })
+    .await
+    .expect("join");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("| A | 4 | 30 | 0 |"), "{out}");
+    assert!(out_dir.join("results.md").exists() && out_dir.join("bench.png").exists());
+
+    // Metrics count per node and outcome.
+    let client = reqwest::Client::new();
+    let metrics = client
+        .get(format!("{admin}/metrics"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let mut from_metrics = std::collections::BTreeMap::new();
+    for line in metrics.lines().filter(|l| l.starts_with("corral_requests_total{")) {
+        let node = line.split("node=\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or_default().to_string();
+        let outcome = line.split("outcome=\"").nth(1).and_then(|s| s.split('"').next()).unwrap_or_default().to_string();
+        let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        *from_metrics.entry((node, outcome)).or_insert(0.0) += n;
+    }
+    // The store, through the CLI, after the writer flushed (it batches within milliseconds).
+    let mut from_history = std::collections::BTreeMap::new();
+    for _ in 0..100 {
+        let db = db.clone();
+        let (code, json_out, _) = tokio::task::spawn_blocking(move || {
+            run(&["history", "--db", &db, "--since", "1h", "--limit", "10000", "--format", "json"])
+        })
+        .await
+        .expect("join");
+        assert_eq!(code, 0);
+        let rows: Vec<Value> = serde_json::from_str(&json_out).expect("json");
+        from_history.clear();
+        for r in &rows {
+            let node = r["node"].as_str().unwrap_or("none").to_string();
+            *from_history.entry((node, r["status"].as_str().unwrap_or_default().to_string())).or_insert(0.0) += 1.0;
+        }
+        if from_history == from_metrics {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(from_history, from_metrics, "history and /metrics agree per node and outcome");
+    assert_eq!(from_history.values().sum::<f64>(), 60.0);
+
+    let png = std::env::temp_dir().join(format!("corral-cli-{}-report.png", std::process::id()));
+    let (code, out, err) = tokio::task::spawn_blocking({
+        let (db, png) = (db.clone(), png.clone());
+        move || run(&["report", "--db", &db, "--since", "1h", "--out", png.to_str().unwrap_or_default()])
+    })
+    .await
+    .expect("join");
+    assert_eq!(code, 0, "{out}{err}");
+    let bytes = std::fs::read(&png).expect("report written");
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "a PNG file");
+}

@@ -278,6 +278,7 @@ fn serve(shared: &Arc<Shared>, listener: TcpListener) {
             tokio::select! {
                 accepted = listener.accept() => {
                     let Ok((sock, _)) = accepted else { continue };
+                    let _ = sock.set_nodelay(true);
                     let svc = hyper_util::service::TowerToHyperService::new(app.clone());
                     conns.spawn(async move {
                         let io = hyper_util::rt::TokioIo::new(sock);
