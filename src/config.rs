@@ -805,11 +805,16 @@ fn line_of(text: &str, offset: usize) -> usize {
 
 /// Ollama treats `llama3.2` and `llama3.2:latest` as one model.
 pub fn normalize_model(name: &str) -> String {
+    model_key(name).into_owned()
+}
+
+/// `normalize_model` without allocating when the name already has a tag (the hot path).
+pub fn model_key(name: &str) -> std::borrow::Cow<'_, str> {
     let last = name.rsplit('/').next().unwrap_or(name);
     if last.contains(':') {
-        name.to_string()
+        std::borrow::Cow::Borrowed(name)
     } else {
-        format!("{name}:latest")
+        std::borrow::Cow::Owned(format!("{name}:latest"))
     }
 }
 

@@ -15,7 +15,7 @@
 //! guard wakes the admission queue.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::breaker::{Breaker, BreakerPolicy, BreakerState, Permit};
-use crate::config::{normalize_model, NodeConfig};
+use crate::config::{model_key, normalize_model, NodeConfig};
 use crate::ewma::PeakEwma;
 
 /// Liveness as the probes and passive signals see it.
@@ -186,6 +186,8 @@ pub struct Node {
     probe_failures: AtomicU32,
     /// When the node last came back from unhealthy: the start of its slow-start ramp.
     returned_at: Mutex<Option<Instant>>,
+    /// Set while a slow-start ramp is running, so the common case never takes the lock.
+    ramping: AtomicBool,
     slow_start: Duration,
     breaker: Mutex<Breaker>,
     ttfb: Mutex<PeakEwma>,
@@ -231,6 +233,7 @@ impl Node {
             probe_successes: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             returned_at: Mutex::new(None),
+            ramping: AtomicBool::new(false),
             slow_start: tuning.slow_start,
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
@@ -324,6 +327,9 @@ impl Node {
     /// Share of its normal traffic a recovering node may take: ramps linearly from 10% to
     /// 100% over `slow_start` after it comes back (Envoy's slow start mode).
     pub fn slow_start_factor(&self, now: Instant) -> f64 {
+        if !self.ramping.load(Ordering::Acquire) {
+            return 1.0;
+        }
         let returned = *lock(&self.returned_at);
         match returned {
             Some(at) if !self.slow_start.is_zero() => {
@@ -371,8 +377,12 @@ impl Node {
 
     /// `Some(true/false)` once the node's model list is known; `None` before that.
     pub fn serves(&self, model: &str) -> Option<bool> {
-        let models = self.models.load();
-        models.as_ref().as_ref().map(|set| set.contains(&normalize_model(model)))
+        self.serves_key(&model_key(model))
+    }
+
+    /// `serves` for a name already passed through `model_key` (once per request, not per node).
+    pub fn serves_key(&self, key: &str) -> Option<bool> {
+        self.models.load().as_ref().as_ref().map(|set| set.contains(key))
     }
 
     pub fn models(&self) -> Option<BTreeSet<String>> {
@@ -391,8 +401,11 @@ impl Node {
 
     /// Has `model` loaded entirely in VRAM (model affinity's test).
     pub fn has_hot(&self, model: &str) -> bool {
-        let m = normalize_model(model);
-        self.loaded.load().iter().any(|l| normalize_model(&l.name) == m && l.fully_in_vram())
+        self.has_hot_key(&model_key(model))
+    }
+
+    pub fn has_hot_key(&self, key: &str) -> bool {
+        self.loaded.load().iter().any(|l| l.name == key && l.fully_in_vram())
     }
 
     /// The node said it lacks `model`: stop routing it there until a probe says otherwise.
@@ -403,7 +416,10 @@ impl Node {
         self.models.store(Arc::new(Some(set)));
     }
 
-    pub fn set_loaded(&self, loaded: Vec<LoadedModel>) {
+    pub fn set_loaded(&self, mut loaded: Vec<LoadedModel>) {
+        for l in &mut loaded {
+            l.name = normalize_model(&l.name);
+        }
         let learned: Vec<(String, u64)> =
             loaded.iter().filter_map(|l| l.context_length.map(|c| (normalize_model(&l.name), c))).collect();
         self.loaded.store(Arc::new(loaded));
@@ -454,6 +470,7 @@ impl Node {
         if from != to {
             if from == Health::Unhealthy && to == Health::Healthy {
                 *lock(&self.returned_at) = Some(Instant::now());
+                self.ramping.store(true, Ordering::Release);
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
             self.publish(before, reason);

@@ -53,30 +53,32 @@ pub fn candidates(
     tried: &[Arc<Node>],
 ) -> Result<Vec<Arc<Node>>, NoCandidate> {
     let all = registry.all();
-    let serving: Vec<&Arc<Node>> = all
-        .iter()
-        .filter(|n| match model {
-            // A node whose model list is not known yet may have it.
-            Some(m) => n.serves(m) != Some(false),
-            None => true,
-        })
-        .collect();
-    if serving.is_empty() {
-        return Err(NoCandidate::UnknownModel);
+    let key = model.map(crate::config::model_key);
+    let (mut serving, mut available) = (0usize, 0usize);
+    let mut last_available = None;
+    let mut fresh = Vec::with_capacity(all.len());
+    for n in all.iter() {
+        // A node whose model list is not known yet may have it.
+        if key.as_deref().is_some_and(|k| n.serves_key(k) == Some(false)) {
+            continue;
+        }
+        serving += 1;
+        if !n.is_available() {
+            continue;
+        }
+        available += 1;
+        last_available = Some(n);
+        if !tried.iter().any(|t| Arc::ptr_eq(t, n)) {
+            fresh.push(Arc::clone(n));
+        }
     }
-    let available: Vec<Arc<Node>> = serving.into_iter().filter(|n| n.is_available()).cloned().collect();
-    if available.is_empty() {
-        return Err(NoCandidate::NoneAvailable);
-    }
-    let fresh: Vec<Arc<Node>> =
-        available.iter().filter(|n| !tried.iter().any(|t| Arc::ptr_eq(t, n))).cloned().collect();
-    if !fresh.is_empty() {
-        Ok(fresh)
-    } else if available.len() == 1 {
+    match (serving, available, last_available) {
+        (0, _, _) => Err(NoCandidate::UnknownModel),
+        (_, 0, _) => Err(NoCandidate::NoneAvailable),
+        _ if !fresh.is_empty() => Ok(fresh),
         // The only node there is: trying it again beats giving up.
-        Ok(available)
-    } else {
-        Err(NoCandidate::AllTried)
+        (_, 1, Some(only)) => Ok(vec![Arc::clone(only)]),
+        _ => Err(NoCandidate::AllTried),
     }
 }
 
@@ -289,22 +291,27 @@ impl Router {
             return None;
         }
         let mut rng = lock(&self.rng);
-        let mut pool: Vec<usize> = (0..nodes.len()).collect();
-        if self.affinity {
-            if let Some(model) = ctx.model {
-                let hot: Vec<usize> = pool.iter().copied().filter(|&i| nodes[i].has_hot(model)).collect();
-                if !hot.is_empty() {
-                    pool = hot;
-                }
+        let key = ctx.model.map(crate::config::model_key);
+        let hot = |n: &Node| self.affinity && key.as_deref().is_some_and(|k| n.has_hot_key(k));
+        let any_hot = nodes.iter().any(|n| hot(n));
+        // Keep a node when it passes affinity (if any node is hot) and its slow-start dice.
+        let mut keep = |n: &Node| {
+            if any_hot && !hot(n) {
+                return false;
             }
-        }
-        let ramped: Vec<usize> = pool
-            .iter()
-            .copied()
-            .filter(|&i| rng.gen_bool(nodes[i].slow_start_factor(ctx.now).clamp(0.0, 1.0)))
-            .collect();
-        if !ramped.is_empty() {
-            pool = ramped;
+            let f = n.slow_start_factor(ctx.now);
+            f >= 1.0 || rng.gen_bool(f.clamp(0.0, 1.0))
+        };
+        let pool: Vec<usize> = (0..nodes.len()).filter(|&i| keep(&nodes[i])).collect();
+        let pool = if pool.is_empty() {
+            // Every candidate lost its slow-start dice: fall back to the affinity set.
+            (0..nodes.len()).filter(|&i| !any_hot || hot(&nodes[i])).collect()
+        } else {
+            pool
+        };
+        if pool.len() == nodes.len() {
+            // The common case: nothing filtered, no copy.
+            return Some(self.balance.pick(nodes, ctx, &mut rng));
         }
         let subset: Vec<Arc<Node>> = pool.iter().map(|&i| Arc::clone(&nodes[i])).collect();
         let chosen = self.balance.pick(&subset, ctx, &mut rng);

@@ -319,9 +319,20 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<A
 }
 
 async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Result<(), sqlx::Error> {
+    // A request that started and finished within one batch needs only its finished row.
+    let finished: std::collections::HashSet<&str> = batch
+        .iter()
+        .filter_map(|r| match r {
+            Record::Finished(row) => Some(row.id.as_str()),
+            _ => None,
+        })
+        .collect();
+    // Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
+    let mut rollups: std::collections::HashMap<(i64, &str), [i64; 5]> = std::collections::HashMap::new();
     let mut tx = pool.begin().await?;
     for r in batch {
         match r {
+            Record::Started(s) if finished.contains(s.id.as_str()) => {}
             Record::Started(s) => {
                 sqlx::query(
                     "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status) VALUES (?, ?, ?, 'running')",
@@ -369,21 +380,12 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
                 if let Some(node) = &row.node {
                     let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
                     let error = i64::from(row.status != "ok" && row.status != "client_error");
-                    sqlx::query(
-                        "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
-                         VALUES (?, ?, 1, ?, ?, ?, ?) ON CONFLICT(minute, node) DO UPDATE SET requests = requests + 1, \
-                         errors = errors + excluded.errors, total_ms_sum = total_ms_sum + excluded.total_ms_sum, \
-                         ttfb_ms_sum = ttfb_ms_sum + excluded.ttfb_ms_sum, \
-                         completion_tokens = completion_tokens + excluded.completion_tokens",
-                    )
-                    .bind(minute)
-                    .bind(node)
-                    .bind(error)
-                    .bind(row.total_ms.unwrap_or(0))
-                    .bind(row.ttfb_ms.unwrap_or(0))
-                    .bind(row.completion_tokens.unwrap_or(0))
-                    .execute(&mut *tx)
-                    .await?;
+                    let sums = rollups.entry((minute, node.as_str())).or_default();
+                    sums[0] += 1;
+                    sums[1] += error;
+                    sums[2] += row.total_ms.unwrap_or(0);
+                    sums[3] += row.ttfb_ms.unwrap_or(0);
+                    sums[4] += row.completion_tokens.unwrap_or(0);
                 }
             }
             Record::NodeEvent(e) => {
@@ -397,6 +399,24 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
                     .await?;
             }
         }
+    }
+    for ((minute, node), [requests, errors, total, ttfb, tokens]) in rollups {
+        sqlx::query(
+            "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(minute, node) DO UPDATE SET requests = requests + excluded.requests, \
+             errors = errors + excluded.errors, total_ms_sum = total_ms_sum + excluded.total_ms_sum, \
+             ttfb_ms_sum = ttfb_ms_sum + excluded.ttfb_ms_sum, \
+             completion_tokens = completion_tokens + excluded.completion_tokens",
+        )
+        .bind(minute)
+        .bind(node)
+        .bind(requests)
+        .bind(errors)
+        .bind(total)
+        .bind(ttfb)
+        .bind(tokens)
+        .execute(&mut *tx)
+        .await?;
     }
     if new_drops > 0 {
         sqlx::query("INSERT INTO dropped_records (at, count) VALUES (?, ?)")

@@ -52,10 +52,9 @@ pub(super) fn check(
     config: &Config,
     path: &str,
     model: &str,
-    body: &[u8],
+    v: &Value,
 ) -> Result<Option<String>, BrokerError> {
-    let Ok(v) = serde_json::from_slice::<Value>(body) else { return Ok(None) };
-    let Some(estimated) = estimate_tokens(path, &v) else { return Ok(None) };
+    let Some(estimated) = estimate_tokens(path, v) else { return Ok(None) };
     let requested = v.get("options").and_then(|o| o.get("num_ctx")).and_then(Value::as_u64).filter(|n| *n > 0);
     let learned = shared.registry.all().iter().filter_map(|n| n.context_length(model)).max();
     let limit = requested.or(learned).unwrap_or(config.proxy.default_num_ctx);

@@ -199,24 +199,29 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
 /// The model a request body names. The whole body is parsed (not just skimmed), so hostile
 /// bodies (nesting past serde_json's depth limit, invalid UTF-8 anywhere) stop here with a 400
 /// instead of travelling to a node; the bytes forwarded are still the client's own.
-fn model_of(body: &[u8]) -> Result<(String, Option<bool>), BrokerError> {
+fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value), BrokerError> {
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
-    let serde_json::Value::Object(fields) = value else {
+    let serde_json::Value::Object(fields) = &value else {
         return Err(BrokerError::MalformedJson("the body must be a JSON object".into()));
     };
     let stream = fields.get("stream").and_then(serde_json::Value::as_bool);
     // Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`);
     // `/api/copy` names it `source`.
+    let mut model = None;
     for key in ["model", "name", "source"] {
         match fields.get(key) {
             None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::String(m)) if !m.is_empty() => return Ok((m.clone(), stream)),
+            Some(serde_json::Value::String(m)) if !m.is_empty() => {
+                model = Some(m.clone());
+                break;
+            }
             Some(serde_json::Value::String(_)) => return Err(BrokerError::MissingModel),
             Some(other) => return Err(BrokerError::MalformedJson(format!("\"{key}\" must be a string, not {other}"))),
         }
     }
-    Err(BrokerError::MissingModel)
+    let model = model.ok_or(BrokerError::MissingModel)?;
+    Ok((model, stream, value))
 }
 
 fn request_id(headers: &HeaderMap) -> String {
@@ -280,13 +285,13 @@ async fn serve(
     }
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
 
-    let (model, stream) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
+    let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
         match path.strip_prefix("/v1/models/") {
-            Some(m) => (Some(m.to_string()), None),
-            None => model_of(&body).map(|(m, s)| (Some(m), s)).map_err(|e| (e, 0))?,
+            Some(m) => (Some(m.to_string()), None, None),
+            None => model_of(&body).map(|(m, s, v)| (Some(m), s, Some(v))).map_err(|e| (e, 0))?,
         }
     } else {
-        (None, None)
+        (None, None, None)
     };
     if let Some(t) = trace.as_mut() {
         t.row.model = model.clone().unwrap_or_default();
@@ -301,10 +306,12 @@ async fn serve(
         t.row.category = category.clone();
     }
     let queue_timeout = queue_timeout(&config, &category, &parts.headers).map_err(|e| (e, 0))?;
-    let context_warning = match (model.as_deref(), config.proxy.context_guard) {
-        (Some(m), true) => context::check(shared, &config, &path, m, &body).map_err(|e| (e, 0))?,
+    let context_warning = match (model.as_deref(), parsed.as_ref(), config.proxy.context_guard) {
+        (Some(m), Some(v), true) => context::check(shared, &config, &path, m, v).map_err(|e| (e, 0))?,
         _ => None,
     };
+    // The parsed tree can be large (images): do not hold it while the answer streams.
+    drop(parsed);
 
     match endpoint {
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
