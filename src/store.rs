@@ -288,6 +288,9 @@ pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<N
         .collect())
 }
 
+/// How long the writer waits for more records before writing a batch.
+const BATCH_LINGER: Duration = Duration::from_millis(20);
+
 /// Drain the channel in batches, one transaction each, until cancelled and empty.
 async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<AtomicU64>, cancel: CancellationToken) {
     let mut written_drops = 0u64;
@@ -301,11 +304,18 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<A
             }
         };
         let Some(first) = first else { break };
+        // Linger briefly so a steady trickle becomes one transaction, not one per record.
         let mut batch = vec![first];
-        while batch.len() < 1024 {
+        let linger = tokio::time::Instant::now() + BATCH_LINGER;
+        while batch.len() < 2048 {
             match rx.try_recv() {
                 Ok(r) => batch.push(r),
-                Err(_) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) if cancel.is_cancelled() => break,
+                Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(linger, rx.recv()).await {
+                    Ok(Some(r)) => batch.push(r),
+                    _ => break,
+                },
             }
         }
         let now_dropped = dropped.load(Ordering::Relaxed);
@@ -319,86 +329,91 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<A
 }
 
 async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Result<(), sqlx::Error> {
-    // A request that started and finished within one batch needs only its finished row.
-    let finished: std::collections::HashSet<&str> = batch
-        .iter()
-        .filter_map(|r| match r {
-            Record::Finished(row) => Some(row.id.as_str()),
-            _ => None,
-        })
-        .collect();
-    // Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
-    let mut rollups: std::collections::HashMap<(i64, &str), [i64; 5]> = std::collections::HashMap::new();
-    let mut tx = pool.begin().await?;
+    let mut started: Vec<&Started> = Vec::new();
+    let mut finished: Vec<&RequestRow> = Vec::new();
+    let mut events: Vec<&NodeEventRow> = Vec::new();
     for r in batch {
         match r {
-            Record::Started(s) if finished.contains(s.id.as_str()) => {}
-            Record::Started(s) => {
-                sqlx::query(
-                    "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status) VALUES (?, ?, ?, 'running')",
-                )
-                .bind(&s.id)
-                .bind(s.started_at)
-                .bind(&s.endpoint)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Record::Finished(row) => {
-                sqlx::query(
-                    "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
-                     fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-                     streamed, interrupted) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) \
-                     ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
-                     category=excluded.category, origin=excluded.origin, model=excluded.model, node=excluded.node, \
-                     attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
-                     http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
-                     ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
-                     completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted",
-                )
-                .bind(&row.id)
-                .bind(row.started_at)
-                .bind(row.finished_at)
-                .bind(&row.endpoint)
-                .bind(&row.category)
-                .bind(&row.origin)
-                .bind(&row.model)
-                .bind(&row.node)
-                .bind(row.attempts)
-                .bind(&row.fallback)
-                .bind(&row.status)
-                .bind(row.http_status)
-                .bind(&row.error_code)
-                .bind(row.queued_ms)
-                .bind(row.ttfb_ms)
-                .bind(row.total_ms)
-                .bind(row.prompt_tokens)
-                .bind(row.completion_tokens)
-                .bind(row.streamed)
-                .bind(row.interrupted)
-                .execute(&mut *tx)
-                .await?;
-                if let Some(node) = &row.node {
-                    let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
-                    let error = i64::from(row.status != "ok" && row.status != "client_error");
-                    let sums = rollups.entry((minute, node.as_str())).or_default();
-                    sums[0] += 1;
-                    sums[1] += error;
-                    sums[2] += row.total_ms.unwrap_or(0);
-                    sums[3] += row.ttfb_ms.unwrap_or(0);
-                    sums[4] += row.completion_tokens.unwrap_or(0);
-                }
-            }
-            Record::NodeEvent(e) => {
-                sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
-                    .bind(e.at)
-                    .bind(&e.node)
-                    .bind(&e.from_state)
-                    .bind(&e.to_state)
-                    .bind(&e.reason)
-                    .execute(&mut *tx)
-                    .await?;
-            }
+            Record::Started(s) => started.push(s),
+            Record::Finished(row) => finished.push(row),
+            Record::NodeEvent(e) => events.push(e),
         }
+    }
+    // A request that started and finished within one batch needs only its finished row.
+    let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
+    started.retain(|s| !done.contains(s.id.as_str()));
+    // Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
+    let mut rollups: std::collections::HashMap<(i64, &str), [i64; 5]> = std::collections::HashMap::new();
+    for row in &finished {
+        if let Some(node) = &row.node {
+            let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
+            let sums = rollups.entry((minute, node.as_str())).or_default();
+            sums[0] += 1;
+            sums[1] += i64::from(row.status != "ok" && row.status != "client_error");
+            sums[2] += row.total_ms.unwrap_or(0);
+            sums[3] += row.ttfb_ms.unwrap_or(0);
+            sums[4] += row.completion_tokens.unwrap_or(0);
+        }
+    }
+
+    let mut tx = pool.begin().await?;
+    // Multi-row statements: one round trip to SQLite's thread per few hundred rows.
+    for chunk in started.chunks(500) {
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+            "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status) ",
+        );
+        q.push_values(chunk, |mut b, s| {
+            b.push_bind(&s.id).push_bind(s.started_at).push_bind(&s.endpoint).push_bind("running");
+        });
+        q.build().execute(&mut *tx).await?;
+    }
+    for chunk in finished.chunks(400) {
+        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
+            "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
+             fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
+             streamed, interrupted) ",
+        );
+        q.push_values(chunk, |mut b, row| {
+            b.push_bind(&row.id)
+                .push_bind(row.started_at)
+                .push_bind(row.finished_at)
+                .push_bind(&row.endpoint)
+                .push_bind(&row.category)
+                .push_bind(&row.origin)
+                .push_bind(&row.model)
+                .push_bind(&row.node)
+                .push_bind(row.attempts)
+                .push_bind(&row.fallback)
+                .push_bind(&row.status)
+                .push_bind(row.http_status)
+                .push_bind(&row.error_code)
+                .push_bind(row.queued_ms)
+                .push_bind(row.ttfb_ms)
+                .push_bind(row.total_ms)
+                .push_bind(row.prompt_tokens)
+                .push_bind(row.completion_tokens)
+                .push_bind(row.streamed)
+                .push_bind(row.interrupted);
+        });
+        q.push(
+            " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
+             category=excluded.category, origin=excluded.origin, model=excluded.model, node=excluded.node, \
+             attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
+             http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
+             ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
+             completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted",
+        );
+        q.build().execute(&mut *tx).await?;
+    }
+    for e in events {
+        sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
+            .bind(e.at)
+            .bind(&e.node)
+            .bind(&e.from_state)
+            .bind(&e.to_state)
+            .bind(&e.reason)
+            .execute(&mut *tx)
+            .await?;
     }
     for ((minute, node), [requests, errors, total, ttfb, tokens]) in rollups {
         sqlx::query(

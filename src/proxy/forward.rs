@@ -207,7 +207,8 @@ impl RelayParts {
             done: false,
             request_id: request_id.to_string(),
             bytes: 0,
-            tail: Vec::new(),
+            tail: std::collections::VecDeque::with_capacity(TAIL_CHUNKS),
+            silence: Box::pin(tokio::time::sleep(idle)),
         };
         let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
         *response.status_mut() = self.status;
@@ -353,6 +354,10 @@ impl Framing {
     }
 }
 
+/// Chunks kept for reading token counts at the end: Ollama's final line, or OpenAI's usage
+/// event followed by `[DONE]`.
+const TAIL_CHUNKS: usize = 4;
+
 /// Relays an answer's body and judges the exchange when it ends.
 struct Relay {
     upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
@@ -360,8 +365,10 @@ struct Relay {
     guard: Option<InFlight>,
     trace: Option<Trace>,
     status: StatusCode,
-    /// The last bytes relayed, where the token counts are.
-    tail: Vec<u8>,
+    /// The last chunks relayed (shared, not copied), where the token counts are.
+    tail: std::collections::VecDeque<Bytes>,
+    /// One timer for the idle timeout, re-armed per chunk rather than allocated per chunk.
+    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
     idle: Duration,
     framing: Framing,
     ends_with_newline: bool,
@@ -378,7 +385,14 @@ impl Relay {
         if let Some(first) = self.first.take() {
             return Some((Ok(self.pass(first)), self));
         }
-        match tokio::time::timeout(self.idle, self.upstream.next()).await {
+        let deadline = Instant::now() + self.idle;
+        self.silence.as_mut().reset(deadline);
+        let next = tokio::select! {
+            biased;
+            item = self.upstream.next() => Ok(item),
+            _ = self.silence.as_mut() => Err(()),
+        };
+        match next {
             Ok(Some(Ok(chunk))) => Some((Ok(self.pass(chunk)), self)),
             Ok(None) => {
                 self.finish(Outcome::Success, "");
@@ -400,12 +414,17 @@ impl Relay {
             self.ends_with_newline = last == b'\n';
         }
         self.bytes += chunk.len();
-        const TAIL: usize = 16 * 1024;
-        self.tail.extend_from_slice(&chunk[chunk.len().saturating_sub(TAIL)..]);
-        if self.tail.len() > TAIL {
-            self.tail.drain(..self.tail.len() - TAIL);
+        if self.tail.len() == TAIL_CHUNKS {
+            self.tail.pop_front();
         }
+        self.tail.push_back(chunk.clone());
         chunk
+    }
+
+    /// The last few KiB relayed, for the token counts in the final chunk or usage event.
+    fn tail_bytes(&self) -> Vec<u8> {
+        let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
+        joined[joined.len().saturating_sub(16 * 1024)..].to_vec()
     }
 
     fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
@@ -434,7 +453,7 @@ impl Relay {
         guard.judge(outcome);
         let node = guard.node();
         if let Some(mut t) = self.trace.take() {
-            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail);
+            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail_bytes());
             t.row.prompt_tokens = prompt;
             t.row.completion_tokens = completion;
             let (status, code) = match outcome {
