@@ -224,7 +224,7 @@ async fn attempt_once(
     out: &Outbound,
 ) -> Result<Answer, AttemptFailed> {
     let node = Arc::clone(guard.node());
-    let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), out.path_and_query);
+    let url = node_url(&node.base_url, &out.path_and_query);
     let mut headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
         headers.insert("x-request-id", v);
@@ -297,6 +297,17 @@ async fn attempt_once(
     node.observe_ttfb(sent_at.elapsed());
 
     Ok(Answer::Relay(RelayParts { status, headers: resp_headers, upstream, first, guard }))
+}
+
+/// The node's URL for a request path, from its parsed base URL: no re-parsing (and no IDNA
+/// pass) of the host per request. A base path (`http://host/ollama`) is kept as a prefix.
+fn node_url(base: &url::Url, path_and_query: &str) -> url::Url {
+    let mut url = base.clone();
+    let (path, query) = path_and_query.split_once('?').map_or((path_and_query, None), |(p, q)| (p, Some(q)));
+    let prefix = base.path().trim_end_matches('/');
+    url.set_path(&format!("{prefix}{path}"));
+    url.set_query(query);
+    url
 }
 
 /// Judge a failed attempt on its guard (which frees the slot when dropped) and describe it.
@@ -497,6 +508,14 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_urls_keep_base_paths_and_queries() {
+        let base = url::Url::parse("http://10.0.0.5:11434").expect("url");
+        assert_eq!(node_url(&base, "/api/chat").as_str(), "http://10.0.0.5:11434/api/chat");
+        let prefixed = url::Url::parse("http://gpu.local/ollama/").expect("url");
+        assert_eq!(node_url(&prefixed, "/v1/models?x=1").as_str(), "http://gpu.local/ollama/v1/models?x=1");
+    }
 
     #[test]
     fn hop_headers_and_host_are_not_forwarded() {
