@@ -521,7 +521,9 @@ async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Response {
     let answer =
         Answer { kind, model, completion, prompt_tokens: text::count_tokens(&prompt), load, pace, id, include_usage };
 
-    tokio::time::sleep(pace.ttft).await;
+    if !pace.ttft.is_zero() {
+        tokio::time::sleep(pace.ttft).await;
+    }
     if stream {
         let chunks = answer.stream_chunks();
         let content_type = if kind.is_v1() { "text/event-stream" } else { "application/x-ndjson" };
@@ -531,7 +533,9 @@ async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Response {
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
         r
     } else {
-        tokio::time::sleep(pace.per_token * answer.completion.tokens.len() as u32).await;
+        if !pace.per_token.is_zero() {
+            tokio::time::sleep(pace.per_token * answer.completion.tokens.len() as u32).await;
+        }
         let whole = Bytes::from(answer.whole().to_string());
         let chunks: VecDeque<Chunk> = match pace.cut_after {
             // A cut in a non-streamed answer breaks the body in the middle.
@@ -721,7 +725,8 @@ impl Gen {
             return None;
         };
         // Tokens after the first come at the node's rate; the final chunk follows the last token.
-        if self.sent > 0 && !self.chunks.is_empty() {
+        // (A zero-length sleep still waits for the timer's next millisecond tick.)
+        if self.sent > 0 && !self.chunks.is_empty() && !self.pace.per_token.is_zero() {
             tokio::time::sleep(self.pace.per_token).await;
         }
         self.sent += 1;
@@ -765,7 +770,9 @@ async fn embed(s: Arc<Shared>, path: &str, body: Bytes) -> Response {
         return err(StatusCode::SERVICE_UNAVAILABLE, BUSY);
     };
     let load = s.load(&model);
-    tokio::time::sleep(pace.ttft).await;
+    if !pace.ttft.is_zero() {
+        tokio::time::sleep(pace.ttft).await;
+    }
     let inputs: Vec<String> = match req.get(if path == "/api/embeddings" { "prompt" } else { "input" }) {
         Some(Value::String(t)) => vec![t.clone()],
         Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(str::to_string).collect(),
