@@ -209,6 +209,7 @@ impl RelayParts {
             bytes: 0,
             tail: std::collections::VecDeque::with_capacity(TAIL_CHUNKS),
             silence: Box::pin(tokio::time::sleep(idle)),
+            stashed: None,
         };
         let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
         *response.status_mut() = self.status;
@@ -365,6 +366,9 @@ impl Framing {
     }
 }
 
+/// Largest write made by joining frames that are already there.
+const COALESCE_MAX: usize = 64 * 1024;
+
 /// Chunks kept for reading token counts at the end: Ollama's final line, or OpenAI's usage
 /// event followed by `[DONE]`.
 const TAIL_CHUNKS: usize = 4;
@@ -380,6 +384,8 @@ struct Relay {
     tail: std::collections::VecDeque<Bytes>,
     /// One timer for the idle timeout, re-armed per chunk rather than allocated per chunk.
     silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The end of the body, or an error, met while coalescing; handled on the next call.
+    stashed: Option<Option<reqwest::Result<Bytes>>>,
     idle: Duration,
     framing: Framing,
     ends_with_newline: bool,
@@ -394,17 +400,26 @@ impl Relay {
             return None;
         }
         if let Some(first) = self.first.take() {
-            return Some((Ok(self.pass(first)), self));
+            let chunk = self.coalesce(first);
+            return Some((Ok(self.pass(chunk)), self));
         }
-        let deadline = Instant::now() + self.idle;
-        self.silence.as_mut().reset(deadline);
-        let next = tokio::select! {
-            biased;
-            item = self.upstream.next() => Ok(item),
-            _ = self.silence.as_mut() => Err(()),
+        let next = match self.stashed.take() {
+            Some(item) => Ok(item),
+            None => {
+                let deadline = Instant::now() + self.idle;
+                self.silence.as_mut().reset(deadline);
+                tokio::select! {
+                    biased;
+                    item = self.upstream.next() => Ok(item),
+                    _ = self.silence.as_mut() => Err(()),
+                }
+            }
         };
         match next {
-            Ok(Some(Ok(chunk))) => Some((Ok(self.pass(chunk)), self)),
+            Ok(Some(Ok(chunk))) => {
+                let chunk = self.coalesce(chunk);
+                Some((Ok(self.pass(chunk)), self))
+            }
             Ok(None) => {
                 self.finish(Outcome::Success, "");
                 None
@@ -418,6 +433,31 @@ impl Relay {
                 self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
             }
         }
+    }
+
+    /// Join `chunk` with whatever the node has already sent after it (never waiting), so a
+    /// burst of small frames leaves as one write instead of one syscall each. An end or error
+    /// met on the way is kept for the next call.
+    fn coalesce(&mut self, chunk: Bytes) -> Bytes {
+        use futures_util::FutureExt;
+        let mut joined: Option<bytes::BytesMut> = None;
+        loop {
+            let len = joined.as_ref().map_or(chunk.len(), |j| j.len());
+            if len >= COALESCE_MAX {
+                break;
+            }
+            match self.upstream.next().now_or_never() {
+                Some(Some(Ok(more))) => {
+                    joined.get_or_insert_with(|| bytes::BytesMut::from(&chunk[..])).extend_from_slice(&more)
+                }
+                Some(other) => {
+                    self.stashed = Some(other);
+                    break;
+                }
+                None => break,
+            }
+        }
+        joined.map_or(chunk, bytes::BytesMut::freeze)
     }
 
     fn pass(&mut self, chunk: Bytes) -> Bytes {
