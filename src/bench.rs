@@ -59,13 +59,7 @@ pub struct Step {
     pub error_rate: f64,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
+use crate::charts::percentile as pct;
 
 impl Step {
     fn from_samples(target: &str, concurrency: usize, samples: &[Sample], elapsed: Duration) -> Step {

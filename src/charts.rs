@@ -88,7 +88,8 @@ pub struct Snapshot {
     pub health: Vec<(String, Vec<Band>)>,
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// Nearest-rank percentile of an ascending slice (0 for an empty one).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
