@@ -289,7 +289,7 @@ pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<N
 }
 
 /// How long the writer waits for more records before writing a batch.
-const BATCH_LINGER: Duration = Duration::from_millis(20);
+const BATCH_LINGER: Duration = Duration::from_millis(5);
 
 /// Drain the channel in batches, one transaction each, until cancelled and empty.
 async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<AtomicU64>, cancel: CancellationToken) {
