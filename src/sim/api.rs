@@ -141,6 +141,7 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             "running": s.running.load(Ordering::Acquire),
             "queued": s.queued.load(Ordering::Acquire),
             "completed": s.completed.load(Ordering::Acquire),
+            "streaming": s.streaming.load(Ordering::Acquire),
             "cancelled": s.cancelled.load(Ordering::Acquire),
         }))
         .into_response(),
@@ -730,6 +731,9 @@ impl Gen {
             tokio::time::sleep(self.pace.per_token).await;
         }
         self.sent += 1;
+        if self.sent == 1 {
+            self.s.streaming.fetch_add(1, Ordering::AcqRel);
+        }
         Some((Ok(chunk.into_bytes()), self))
     }
 }
@@ -738,6 +742,9 @@ impl Drop for Gen {
     fn drop(&mut self) {
         if !self.finished {
             self.s.cancelled.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.sent > 0 {
+            self.s.streaming.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

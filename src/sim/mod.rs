@@ -122,6 +122,8 @@ struct Shared {
     running: AtomicUsize,
     completed: AtomicUsize,
     cancelled: AtomicUsize,
+    /// Answers that have sent their first chunk and not ended.
+    streaming: AtomicUsize,
     probes: AtomicU32,
     flapped_down: AtomicBool,
     server: Mutex<Option<JoinHandle<()>>>,
@@ -192,6 +194,7 @@ impl SimNode {
             running: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),
             cancelled: AtomicUsize::new(0),
+            streaming: AtomicUsize::new(0),
             probes: AtomicU32::new(0),
             flapped_down: AtomicBool::new(false),
             server: Mutex::new(None),
@@ -255,6 +258,11 @@ impl SimNode {
     /// Models the node has now.
     pub fn models(&self) -> Vec<String> {
         self.shared.models()
+    }
+
+    /// Answers mid-stream right now: first chunk sent, not ended.
+    pub fn streaming(&self) -> usize {
+        self.shared.streaming.load(Ordering::Acquire)
     }
 
     /// Requests generating right now.
