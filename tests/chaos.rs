@@ -260,3 +260,44 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
     assert_eq!(crashed.len(), 10, "every request that was running has a row");
     assert!(crashed.iter().all(|r| r.status == "unknown"), "running at the crash -> unknown, never ok: {crashed:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flapping_node_costs_clients_under_one_percent_errors() {
+    let sims: Vec<Proc> = (0..3)
+        .map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "16"]))
+        .collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let db = std::env::temp_dir().join(format!("corral-chaos-{}-flap.db", std::process::id()));
+    let cfg = config("flap", &urls, &db, "127.0.0.1:0");
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    // n0 alternates between up and failing (every request 500) every 2 liveness probes.
+    let r =
+        client.post(format!("{}/_sim/faults", urls[0])).json(&json!({"flap_every": 2})).send().await.expect("control");
+    assert_eq!(r.status(), 204);
+    let mut seen = Vec::new();
+    for round in 0..60 {
+        let batch = (0..10).map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move { ask(&client, &base, (round + i) % 2 == 0, round * 10 + i).await })
+        });
+        for t in batch.collect::<Vec<_>>() {
+            seen.push(t.await.expect("task"));
+        }
+    }
+    let errors = seen.iter().filter(|s| !matches!(s, Seen::Complete)).count();
+    let stats: Value =
+        client.get(format!("{}/_sim/stats", urls[0])).send().await.expect("stats").json().await.expect("json");
+    let received: Vec<Value> =
+        client.get(format!("{}/_sim/received", urls[0])).send().await.expect("received").json().await.expect("json");
+    let asked = received.iter().filter(|r| r["path"] == "/api/generate").count() as u64;
+    let answered = stats["completed"].as_u64().unwrap_or(0);
+    assert!(asked > answered, "the flapping node failed some requests it was sent ({asked} sent, {answered} answered)");
+    assert!(
+        errors * 100 < seen.len(),
+        "{errors} of {} requests failed: {:?}",
+        seen.len(),
+        seen.iter().find(|s| !matches!(s, Seen::Complete))
+    );
+}

@@ -199,7 +199,7 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
 /// The model a request body names. The whole body is parsed (not just skimmed), so hostile
 /// bodies (nesting past serde_json's depth limit, invalid UTF-8 anywhere) stop here with a 400
 /// instead of travelling to a node; the bytes forwarded are still the client's own.
-fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value), BrokerError> {
+pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value), BrokerError> {
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
     let serde_json::Value::Object(fields) = &value else {
