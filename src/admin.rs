@@ -92,6 +92,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/requests", get(requests))
         .route("/admin/charts/{file}", get(chart))
+        .route("/admin/events", get(events))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
 }
@@ -114,6 +115,7 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("GET", "/admin/requests"),
     ("GET", "/admin/charts/latency.svg"),
+    ("GET", "/admin/events"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -332,7 +334,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -462,4 +464,29 @@ async fn chart(
     let size = (q.width.unwrap_or(640).clamp(200, 4000), q.height.unwrap_or(320).clamp(150, 4000));
     let svg = crate::charts::svg(chart, &snap, size).map_err(AdminError::BadBody)?;
     Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
+}
+
+/// `GET /admin/events`: Server-Sent Events, one per thing that changed (node state, a finished
+/// request, a config reload). The UI listens and then re-fetches what it shows (push, then
+/// pull). A listener that falls behind gets a `lagged` event with the count it missed.
+async fn events(State(s): State<AdminState>) -> Response {
+    use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+    use tokio::sync::broadcast::error::RecvError;
+    let rx = s.shared.telemetry.subscribe();
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let event = match rx.recv().await {
+            Ok(e) => {
+                let kind = match &e {
+                    crate::telemetry::Event::NodeState { .. } => "node_state",
+                    crate::telemetry::Event::Request(_) => "request",
+                    crate::telemetry::Event::ConfigReload { .. } => "config_reload",
+                };
+                SseEvent::default().event(kind).json_data(&e).unwrap_or_else(|_| SseEvent::default().event(kind))
+            }
+            Err(RecvError::Lagged(n)) => SseEvent::default().event("lagged").data(n.to_string()),
+            Err(RecvError::Closed) => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), rx))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }

@@ -73,6 +73,10 @@ pub fn watch(
                     tokio::time::sleep(Duration::from_millis(150)).await;
                     while rx.try_recv().is_ok() {}
                     let result = reload(&path, &shared);
+                    shared.telemetry.publish(crate::telemetry::Event::ConfigReload {
+                        ok: result.is_ok(),
+                        error: result.as_ref().err().cloned(),
+                    });
                     let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
                     match result {
                         Ok(()) => {

@@ -130,3 +130,29 @@ async fn status_and_export_reflect_the_cluster() {
     let parsed = corral::Config::parse(&text).expect("the export is a valid config");
     assert_eq!(parsed.nodes.len(), 2);
 }
+
+#[tokio::test]
+async fn the_event_stream_tells_what_changed() {
+    use futures_util::StreamExt;
+    let c = cluster(2).start().await;
+    let r = c.client.get(c.admin_url(&format!("/admin/events?token={}", common::TOKEN))).send().await.expect("sse");
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap_or("").starts_with("text/event-stream"));
+    let mut body = r.bytes_stream();
+    assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+    let patched =
+        c.admin(Method::PATCH, "/admin/nodes/n1").json(&json!({"draining": true})).send().await.expect("admin");
+    assert_eq!(patched.status(), 200);
+    let mut text = String::new();
+    let read = async {
+        while let Some(Ok(chunk)) = body.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if text.contains("event: request") && text.contains("\"to\":\"draining\"") {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read).await.expect("both events arrive");
+    assert!(text.contains("\"to\":\"draining\""), "{text}");
+    assert!(text.contains("\"status\":\"ok\""), "{text}");
+}
