@@ -93,6 +93,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/requests", get(requests))
         .route("/admin/charts/{file}", get(chart))
         .route("/admin/events", get(events))
+        .route("/admin/config/import", axum::routing::post(import_config))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
 }
@@ -116,6 +117,7 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("GET", "/admin/requests"),
     ("GET", "/admin/charts/latency.svg"),
     ("GET", "/admin/events"),
+    ("POST", "/admin/config/import"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -304,7 +306,7 @@ async fn delete_category(State(s): State<AdminState>, Path(name): Path<String>) 
 }
 
 async fn export_config(State(s): State<AdminState>) -> Response {
-    let text = format!("# Corral config, exported; secrets are never included\n{}", s.shared.config().to_toml());
+    let text = crate::config::export_text(&s.shared.config());
     ([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], text).into_response()
 }
 
@@ -334,7 +336,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -489,4 +491,34 @@ async fn events(State(s): State<AdminState>) -> Response {
         Some((Ok::<_, std::convert::Infallible>(event), rx))
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ImportQuery {
+    mode: Option<crate::config::ImportMode>,
+    dry_run: Option<bool>,
+}
+
+/// `POST /admin/config/import?mode=merge|replace&dry_run=true` with a TOML body: the preview
+/// (added, changed, removed, secrets needed) and, unless a dry run, the swap.
+async fn import_config(
+    State(s): State<AdminState>,
+    axum::extract::Query(q): axum::extract::Query<ImportQuery>,
+    body: String,
+) -> Result<Json<Value>, AdminError> {
+    let incoming =
+        Config::parse(&body).map_err(|e| AdminError::Invalid(e.problems.iter().map(|p| p.to_string()).collect()))?;
+    let mode = q.mode.unwrap_or(crate::config::ImportMode::Merge);
+    let (next, changes) = crate::config::import(&s.shared.config(), &incoming, mode);
+    let secrets = crate::config::secret_names(&next);
+    let dry_run = q.dry_run.unwrap_or(false);
+    if !dry_run {
+        commit(&s, next)?;
+    } else {
+        let problems = next.validate();
+        if !problems.is_empty() {
+            return Err(AdminError::Invalid(problems.into_iter().map(|(p, m)| format!("{p}: {m}")).collect()));
+        }
+    }
+    Ok(Json(json!({ "mode": mode, "dry_run": dry_run, "changes": changes, "secrets_needed": secrets })))
 }

@@ -186,6 +186,31 @@ enum ConfigCommand {
         #[arg(long)]
         verbose: bool,
     },
+    /// Write the config to share with a team (never secrets: providers only name them).
+    Export {
+        /// The config to export (default: the platform config file, else defaults).
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Write here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Bring a shared config into yours: shows what is added, changed, removed, then writes it.
+    Import {
+        file: PathBuf,
+        /// Add and update nodes, categories and providers; keep the rest (the default).
+        #[arg(long, conflicts_with = "replace")]
+        merge: bool,
+        /// Nodes, categories, providers and tuning become exactly the file's.
+        #[arg(long)]
+        replace: bool,
+        /// Only show what would change.
+        #[arg(long)]
+        dry_run: bool,
+        /// The config file to change (default: the platform config file).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -227,6 +252,13 @@ async fn run(command: Command) -> ExitCode {
             sim(port, nodes, spec).await
         }
         Command::Config { command: ConfigCommand::Check { file, verbose } } => config_check(&file, verbose),
+        Command::Config { command: ConfigCommand::Export { config, out } } => {
+            config_export(config.as_deref(), out.as_deref())
+        }
+        Command::Config { command: ConfigCommand::Import { file, merge: _, replace, dry_run, config } } => {
+            let mode = if replace { corral::config::ImportMode::Replace } else { corral::config::ImportMode::Merge };
+            config_import(&file, mode, dry_run, config.as_deref())
+        }
         Command::History(args) => history(args).await,
         Command::Bench(args) => bench(args).await,
         Command::Report { since, out, db, config } => report(&since, &out, db, config.as_deref()).await,
@@ -362,6 +394,97 @@ async fn sim(port: u16, n: usize, spec: SimSpec) -> ExitCode {
     }
     wait_for_signal().await;
     ExitCode::SUCCESS
+}
+
+fn config_export(config: Option<&Path>, out: Option<&Path>) -> ExitCode {
+    let (config, _, _) = match load_config(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let text = corral::config::export_text(&config);
+    match out {
+        None => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Some(path) => match std::fs::write(path, text) {
+            Ok(()) => {
+                eprintln!("wrote {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot write {}: {e}", path.display());
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+fn config_import(file: &Path, mode: corral::config::ImportMode, dry_run: bool, target: Option<&Path>) -> ExitCode {
+    let incoming = match Config::load(file) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            eprintln!("nothing was changed");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(target) = target.map(Path::to_path_buf).or_else(default_config_path) else {
+        eprintln!("error: no platform config dir; pass --config FILE");
+        return ExitCode::from(2);
+    };
+    let base = if target.exists() {
+        match Config::load(&target) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{}: {e}", target.display());
+                eprintln!("fix your own config first; nothing was changed");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        Config::default()
+    };
+    let (next, changes) = corral::config::import(&base, &incoming, mode);
+    let problems = next.validate();
+    if !problems.is_empty() {
+        eprintln!("the imported config would not be valid; nothing was changed:");
+        for (path, msg) in problems {
+            eprintln!("  {path}: {msg}");
+        }
+        return ExitCode::from(2);
+    }
+    if changes.is_empty() {
+        println!("no changes: {} already has everything in {}", target.display(), file.display());
+    }
+    for c in &changes {
+        println!("{c}");
+    }
+    let secrets = corral::config::secret_names(&next);
+    if !secrets.is_empty() {
+        println!("secrets this config needs (set each with `corral secret set NAME`): {}", secrets.join(", "));
+    }
+    if dry_run {
+        println!("dry run: {} not changed", target.display());
+        return ExitCode::SUCCESS;
+    }
+    // Write next to the target and rename over it, so a crash never leaves half a file.
+    let tmp = target.with_extension("toml.tmp");
+    let written = target
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|_| std::fs::write(&tmp, corral::config::export_text(&next)))
+        .and_then(|_| std::fs::rename(&tmp, &target));
+    match written {
+        Ok(()) => {
+            println!("wrote {} ({} change(s))", target.display(), changes.len());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: cannot write {}: {e}", target.display());
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn config_check(file: &Path, verbose: bool) -> ExitCode {

@@ -156,3 +156,27 @@ async fn the_event_stream_tells_what_changed() {
     assert!(text.contains("\"to\":\"draining\""), "{text}");
     assert!(text.contains("\"status\":\"ok\""), "{text}");
 }
+
+#[tokio::test]
+async fn a_config_import_previews_then_applies() {
+    let c = cluster(1).start().await;
+    let extra = SimNode::start(SimSpec::default()).await.expect("sim");
+    let file = format!("[[nodes]]\nname = \"shared\"\nurl = \"{}\"\n", extra.url());
+    let r = c
+        .admin(Method::POST, "/admin/config/import?mode=merge&dry_run=true")
+        .body(file.clone())
+        .send()
+        .await
+        .expect("answer");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["changes"][0]["name"], "shared");
+    assert_eq!(v["changes"][0]["action"], "added");
+    assert_eq!(c.broker.registry().all().len(), 1, "a dry run changes nothing");
+    let r = c.admin(Method::POST, "/admin/config/import?mode=merge").body(file).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    assert_eq!(c.broker.registry().all().len(), 2);
+    let r = c.admin(Method::POST, "/admin/config/import").body("[[nodes]\nbroken").send().await.expect("answer");
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "invalid_config");
+    assert_eq!(c.broker.registry().all().len(), 2, "a broken import keeps the running config");
+}

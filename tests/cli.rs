@@ -394,3 +394,43 @@ async fn bench_history_and_metrics_agree() {
     let bytes = std::fs::read(&png).expect("report written");
     assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "a PNG file");
 }
+
+#[test]
+fn config_export_and_import_share_a_setup_without_losing_anything() {
+    let mine = temp_file("mine", "[[nodes]]\nname = \"gpu0\"\nurl = \"http://127.0.0.1:11434\"\n\n[[nodes]]\nname = \"old\"\nurl = \"http://127.0.0.1:11435\"\n");
+    let theirs = temp_file(
+        "theirs",
+        "[[nodes]]\nname = \"gpu0\"\nurl = \"http://127.0.0.1:11434\"\nweight = 3\n\n[[nodes]]\nname = \"gpu9\"\nurl = \"http://10.0.0.9:11434\"\n\n[[providers]]\nname = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nsecret = \"openai-key\"\n",
+    );
+    let (mine_s, theirs_s) = (mine.to_str().unwrap_or_default(), theirs.to_str().unwrap_or_default());
+    let before = std::fs::read_to_string(&mine).expect("read");
+
+    let (code, out, err) = run(&["config", "import", theirs_s, "--config", mine_s, "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("+ node gpu9 (added)") && out.contains("~ node gpu0 (changed)"), "{out}");
+    assert!(out.contains("openai-key"), "names the secrets it needs: {out}");
+    assert_eq!(std::fs::read_to_string(&mine).expect("read"), before, "a dry run writes nothing");
+
+    let bad = temp_file("bad-import", "[[nodes]\nname = \"x\"\n");
+    let (code, _, err) = run(&["config", "import", bad.to_str().unwrap_or_default(), "--config", mine_s]);
+    assert_eq!(code, 2);
+    assert!(err.contains("line 1") && err.contains("nothing was changed"), "{err}");
+    assert_eq!(std::fs::read_to_string(&mine).expect("read"), before, "a broken file changes nothing");
+
+    let (code, out, _) = run(&["config", "import", theirs_s, "--config", mine_s, "--merge"]);
+    assert_eq!(code, 0, "{out}");
+    let merged = corral::Config::load(&mine).expect("still valid");
+    let names: Vec<&str> = merged.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, vec!["gpu0", "old", "gpu9"]);
+    assert_eq!(merged.nodes[0].weight, 3);
+
+    let (code, out, _) = run(&["config", "import", theirs_s, "--config", mine_s, "--replace"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("- node old (removed)"), "{out}");
+
+    let (code, exported, _) = run(&["config", "export", "--config", mine_s]);
+    assert_eq!(code, 0);
+    assert!(exported.contains("Secrets are never included") && exported.contains("secret = \"openai-key\""));
+    let back = corral::Config::parse(&exported).expect("an export is a valid config");
+    assert_eq!(back, corral::Config::load(&mine).expect("valid"));
+}
