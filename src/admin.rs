@@ -42,6 +42,8 @@ pub enum AdminError {
     Invalid(Vec<String>),
     #[error("body is not valid JSON for this endpoint: {0}")]
     BadBody(String),
+    #[error("{0}")]
+    Secret(#[from] crate::secrets::SecretError),
 }
 
 impl AdminError {
@@ -52,6 +54,7 @@ impl AdminError {
             Self::Conflict { .. } => "conflict",
             Self::Invalid(_) => "invalid_config",
             Self::BadBody(_) => "malformed_json",
+            Self::Secret(e) => e.code(),
         }
     }
 
@@ -61,6 +64,11 @@ impl AdminError {
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::Secret(crate::secrets::SecretError::NotFound(_)) => StatusCode::NOT_FOUND,
+            Self::Secret(crate::secrets::SecretError::BadName(_) | crate::secrets::SecretError::Empty) => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::Secret(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -94,6 +102,8 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/charts/{file}", get(chart))
         .route("/admin/events", get(events))
         .route("/admin/config/import", axum::routing::post(import_config))
+        .route("/admin/secrets", get(list_secrets))
+        .route("/admin/secrets/{name}", axum::routing::put(put_secret).delete(delete_secret))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
 }
@@ -118,6 +128,9 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("GET", "/admin/charts/latency.svg"),
     ("GET", "/admin/events"),
     ("POST", "/admin/config/import"),
+    ("GET", "/admin/secrets"),
+    ("PUT", "/admin/secrets/x"),
+    ("DELETE", "/admin/secrets/x"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -336,7 +349,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/secrets (names, set/missing)", "PUT|DELETE /admin/secrets/{name}", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -521,4 +534,41 @@ async fn import_config(
         }
     }
     Ok(Json(json!({ "mode": mode, "dry_run": dry_run, "changes": changes, "secrets_needed": secrets })))
+}
+
+/// Keyring calls block on D-Bus: run them off the async workers.
+async fn keyring<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, crate::secrets::SecretError> + Send + 'static,
+) -> Result<T, AdminError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| AdminError::Secret(crate::secrets::SecretError::Keyring(e.to_string())))?
+        .map_err(AdminError::from)
+}
+
+/// `GET /admin/secrets`: the stored names, and for every secret the config names, whether it
+/// is set. Never a value.
+async fn list_secrets(State(s): State<AdminState>) -> Result<Json<Value>, AdminError> {
+    let needed = crate::config::secret_names(&s.shared.config());
+    let stored = keyring(crate::secrets::list).await?;
+    let status: serde_json::Map<String, Value> = needed
+        .iter()
+        .map(|n| (n.clone(), Value::String(if stored.contains(n) { "set" } else { "missing" }.into())))
+        .collect();
+    Ok(Json(json!({ "stored": stored, "needed": status })))
+}
+
+/// `PUT /admin/secrets/{name}`: the body is the value (plain text, or JSON `{"value": ...}`).
+async fn put_secret(Path(name): Path<String>, body: String) -> Result<StatusCode, AdminError> {
+    let value = match serde_json::from_str::<Value>(&body) {
+        Ok(Value::Object(o)) => o.get("value").and_then(Value::as_str).map(str::to_string).unwrap_or_default(),
+        _ => body.trim_end_matches(['\r', '\n']).to_string(),
+    };
+    keyring(move || crate::secrets::set(&name, &value)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn delete_secret(Path(name): Path<String>) -> Result<StatusCode, AdminError> {
+    keyring(move || crate::secrets::delete(&name)).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

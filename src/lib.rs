@@ -19,6 +19,7 @@ pub mod proxy;
 pub mod reload;
 pub mod retry;
 pub mod route;
+pub mod secrets;
 pub mod sim;
 pub mod store;
 pub mod telemetry;

@@ -84,6 +84,11 @@ enum Command {
     },
     /// Load test an Ollama-API endpoint: requests/s, tokens/s, latency percentiles, errors.
     Bench(BenchArgs),
+    /// API keys in the OS keyring (names only ever leave it).
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
+    },
     /// Request metadata from the store.
     History(HistoryArgs),
     /// Charts of latency, time to first token, throughput, outcomes, queue and node health, on one page.
@@ -164,6 +169,16 @@ struct HistoryArgs {
     db: Option<PathBuf>,
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum SecretCommand {
+    /// Store a secret; the value is read from standard input (not echoed on a terminal).
+    Set { name: String },
+    /// Remove a secret.
+    Delete { name: String },
+    /// The names of the stored secrets (never values).
+    List,
 }
 
 #[derive(Subcommand)]
@@ -260,6 +275,7 @@ async fn run(command: Command) -> ExitCode {
             config_import(&file, mode, dry_run, config.as_deref())
         }
         Command::History(args) => history(args).await,
+        Command::Secret { command } => secret(command),
         Command::Bench(args) => bench(args).await,
         Command::Report { since, out, db, config } => report(&since, &out, db, config.as_deref()).await,
         Command::Models { url, command: None } => cmd::models::list(url.trim_end_matches('/')).await,
@@ -302,6 +318,11 @@ async fn serve(config: Option<&Path>) -> ExitCode {
         Err(code) => return code,
     };
     tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
+    for (name, state) in secret_states(&config) {
+        if state != "set" {
+            tracing::warn!(secret = %name, state, "a provider's secret is not in the OS keyring; set it with `corral secret set {name}`");
+        }
+    }
     let options = StartOptions { config_path: watch, ..start_options() };
     let broker = match Broker::start(config, options).await {
         Ok(b) => b,
@@ -487,9 +508,27 @@ fn config_import(file: &Path, mode: corral::config::ImportMode, dry_run: bool, t
     }
 }
 
+/// Each secret the config names, and whether the keyring has it ("set", "missing", or why not).
+fn secret_states(config: &Config) -> Vec<(String, String)> {
+    corral::config::secret_names(config)
+        .into_iter()
+        .map(|name| {
+            let state = match corral::secrets::is_set(&name) {
+                Ok(true) => "set".to_string(),
+                Ok(false) => "missing".to_string(),
+                Err(e) => format!("unknown ({})", e.code()),
+            };
+            (name, state)
+        })
+        .collect()
+}
+
 fn config_check(file: &Path, verbose: bool) -> ExitCode {
     match Config::load(file) {
         Ok(c) => {
+            for (name, state) in secret_states(&c) {
+                println!("secret {name}: {state}");
+            }
             println!(
                 "{}: ok ({} node(s), {} categor{})",
                 file.display(),
@@ -577,6 +616,49 @@ async fn bench(a: BenchArgs) -> ExitCode {
         eprintln!("{errors} request(s) failed");
     }
     ExitCode::SUCCESS
+}
+
+fn secret(command: SecretCommand) -> ExitCode {
+    use std::io::IsTerminal;
+    let result = match command {
+        SecretCommand::Set { name } => {
+            let value = if std::io::stdin().is_terminal() {
+                eprint!("value for {name} (not shown): ");
+                rpassword::read_password().map_err(|e| e.to_string())
+            } else {
+                let mut v = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut v).map(|_| v).map_err(|e| e.to_string())
+            };
+            match value {
+                Err(e) => {
+                    eprintln!("error: cannot read the value: {e}");
+                    return ExitCode::from(1);
+                }
+                Ok(v) => {
+                    // A trailing newline from `echo` or a terminal is not part of a key.
+                    let v = v.trim_end_matches(['\r', '\n']);
+                    corral::secrets::set(&name, v).map(|()| format!("stored {name}"))
+                }
+            }
+        }
+        SecretCommand::Delete { name } => corral::secrets::delete(&name).map(|()| format!("deleted {name}")),
+        SecretCommand::List => corral::secrets::list().map(|names| names.join("\n")),
+    };
+    match result {
+        Ok(text) => {
+            if !text.is_empty() {
+                println!("{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(match e {
+                corral::secrets::SecretError::BadName(_) | corral::secrets::SecretError::Empty => 2,
+                _ => 1,
+            })
+        }
+    }
 }
 
 fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {
