@@ -1,77 +1,12 @@
 //! Fault scenarios under load, with real processes (SIGKILL) on loopback. Bounded in count and
 //! time. Each test states what a client may and may not see.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
 use std::time::Duration;
 
+use common::process::Proc;
 use serde_json::{json, Value};
-
-const BIN: &str = env!("CARGO_BIN_EXE_corral");
-
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env("CORRAL_LOG", "warn")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("corral runs");
-        let (tx, lines) = mpsc::channel();
-        for out in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Proc { child, lines }
-    }
-
-    fn url(&self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => {
-                    let start = line.find("http://").unwrap_or_else(|| panic!("no URL in {line:?}"));
-                    return line[start..].split_whitespace().next().unwrap_or_default().to_string();
-                }
-                Ok(_) => continue,
-                Err(e) => panic!("no line containing {needle:?}: {e}"),
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reaped");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn config(name: &str, nodes: &[String], db: &std::path::Path, proxy: &str) -> std::path::PathBuf {
     let mut text = format!(

@@ -1,93 +1,12 @@
 //! The `corral` binary as a user runs it: real processes, real signals, real loopback.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+mod common;
+
+use std::process::Command;
 use std::time::Duration;
 
+use common::process::{Proc, BIN};
 use serde_json::{json, Value};
-
-const BIN: &str = env!("CARGO_BIN_EXE_corral");
-
-/// A child process whose output lines are collected on a channel; killed on drop.
-struct Proc {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env("CORRAL_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("corral runs");
-        let (tx, lines) = mpsc::channel();
-        for out in [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as _),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Proc { child, lines }
-    }
-
-    /// The first line containing `needle`, within 30 s.
-    fn wait_for(&self, needle: &str) -> String {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => continue,
-                Err(e) => panic!("no line containing {needle:?}: {e}"),
-            }
-        }
-    }
-
-    /// The `http://127.0.0.1:PORT` in the first line containing `needle`.
-    fn url(&self, needle: &str) -> String {
-        let line = self.wait_for(needle);
-        let start = line.find("http://").unwrap_or_else(|| panic!("no URL in {line:?}"));
-        line[start..].split_whitespace().next().unwrap_or_default().to_string()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().expect("kill runs").success();
-        assert!(ok, "signal {sig} delivered");
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = std::time::Instant::now() + within;
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).env("NO_COLOR", "1").output().expect("corral runs");

@@ -1,6 +1,8 @@
 //! Test harness: simulated nodes on loopback plus a broker in front of them.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::time::Duration;
 
 use corral::config::{Config, NodeConfig, Policy};
