@@ -572,3 +572,51 @@ async fn delete_secret(Path(name): Path<String>) -> Result<StatusCode, AdminErro
     keyring(move || crate::secrets::delete(&name)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PROTECTED_ROUTES;
+
+    /// Every `(method, path)` the router declares, read from this file's own source, so a new
+    /// route cannot be added without joining the list the 401 test walks.
+    fn declared_routes() -> Vec<(String, String)> {
+        let src = include_str!("admin.rs");
+        let mut out = Vec::new();
+        for line in
+            src.lines().map(str::trim).filter(|l| l.starts_with(".route(\"") || l.contains("Router::new().route(\""))
+        {
+            let Some(path) = line.split('"').nth(1) else { continue };
+            let path = path.replace("{name}", "x").replace("{file}", "latency.svg");
+            for (word, method) in
+                [("get(", "GET"), ("post(", "POST"), ("put(", "PUT"), ("patch(", "PATCH"), ("delete(", "DELETE")]
+            {
+                if line.contains(&format!("({word}"))
+                    || line.contains(&format!(".{word}"))
+                    || line.contains(&format!("::{word}"))
+                    || line.contains(&format!(" {word}"))
+                {
+                    out.push((method.to_string(), path.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_declared_route_but_healthz_is_in_the_protected_list() {
+        let declared = declared_routes();
+        assert!(declared.len() >= PROTECTED_ROUTES.len(), "the source scan found the routes: {declared:?}");
+        for (method, path) in &declared {
+            if path == "/healthz" {
+                continue;
+            }
+            assert!(
+                PROTECTED_ROUTES.iter().any(|(m, p)| m == method && p == path),
+                "{method} {path} is routed but missing from PROTECTED_ROUTES, so no test checks it needs the token"
+            );
+        }
+        for (m, p) in PROTECTED_ROUTES {
+            assert!(declared.iter().any(|(dm, dp)| dm == m && dp == p), "{m} {p} is listed but not routed");
+        }
+    }
+}
