@@ -179,11 +179,19 @@ fn node_json(n: &Node) -> Value {
 async fn status(State(s): State<AdminState>) -> Json<Value> {
     let nodes: Vec<Value> = s.shared.registry.all().iter().map(|n| node_json(n)).collect();
     let config = s.shared.config();
+    let (share, requests) = s.shared.telemetry.fallback_share();
     Json(json!({
         "nodes": nodes,
         "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
+        "fallback": {
+            "share": share,
+            "requests": requests,
+            "window_ms": config.alerts.fallback_window_ms,
+            "alert_share": config.alerts.fallback_share,
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "secret": p.secret })).collect::<Vec<_>>(),
+        },
     }))
 }
 
@@ -495,6 +503,7 @@ async fn events(State(s): State<AdminState>) -> Response {
                     crate::telemetry::Event::NodeState { .. } => "node_state",
                     crate::telemetry::Event::Request(_) => "request",
                     crate::telemetry::Event::ConfigReload { .. } => "config_reload",
+                    crate::telemetry::Event::FallbackShare { .. } => "fallback_share",
                 };
                 SseEvent::default().event(kind).json_data(&e).unwrap_or_else(|_| SseEvent::default().event(kind))
             }

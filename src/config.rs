@@ -32,6 +32,7 @@ pub struct Config {
     pub retry: RetryConfig,
     pub queue: QueueConfig,
     pub store: StoreConfig,
+    pub alerts: AlertsConfig,
 }
 
 impl Default for Config {
@@ -48,6 +49,7 @@ impl Default for Config {
             retry: RetryConfig::default(),
             queue: QueueConfig::default(),
             store: StoreConfig::default(),
+            alerts: AlertsConfig::default(),
         }
     }
 }
@@ -199,13 +201,53 @@ impl Default for CategoryConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+/// An OpenAI-compatible Chat Completions endpoint that categories may fall back to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProviderConfig {
     pub name: String,
+    /// The API base, with or without its `/v1` (`https://api.openai.com/v1`).
     pub base_url: String,
+    /// Name of the keyring entry holding the API key (`corral secret set NAME`); empty for a
+    /// server that takes no key.
     pub secret: String,
+    /// Local model name -> provider model; `"*"` catches the rest; unmapped names pass as-is.
     pub model_map: std::collections::BTreeMap<String, String>,
+    pub connect_timeout_ms: u64,
+    /// Until the first byte of the answer (a whole non-streamed answer included).
+    pub first_byte_timeout_ms: u64,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            base_url: String::new(),
+            secret: String::new(),
+            model_map: std::collections::BTreeMap::new(),
+            connect_timeout_ms: 5_000,
+            first_byte_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Thresholds that raise events for people (the desktop app turns them into notifications).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsConfig {
+    /// Share (0..1) of requests answered by a cloud provider over the window that raises the
+    /// `fallback_share` event; 0 turns the alert off.
+    pub fallback_share: f64,
+    pub fallback_window_ms: u64,
+    /// Fewer requests than this in the window never raise the alert (one fallback out of one
+    /// request is not a trend).
+    pub fallback_min_requests: u64,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self { fallback_share: 0.25, fallback_window_ms: 300_000, fallback_min_requests: 20 }
+    }
 }
 
 /// How requests are carried to nodes.
@@ -468,11 +510,12 @@ impl Config {
                 "retry" => section(&locator, path, value, &mut problems, &mut config.retry),
                 "queue" => section(&locator, path, value, &mut problems, &mut config.queue),
                 "store" => section(&locator, path, value, &mut problems, &mut config.store),
+                "alerts" => section(&locator, path, value, &mut problems, &mut config.alerts),
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
                     message:
-                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store"
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts"
                             .into(),
                 }),
             }
@@ -570,18 +613,6 @@ impl Config {
             if n.max_concurrency == 0 {
                 push(format!("nodes[{i}].max_concurrency"), "must be at least 1".into());
             }
-            if n.url.starts_with("https://") {
-                push(
-                    format!("nodes[{i}].url"),
-                    "https:// nodes are not supported by this build yet; use http://".into(),
-                );
-            }
-            if n.kind == NodeKind::Openai {
-                push(
-                    format!("nodes[{i}].kind"),
-                    "kind \"openai\" is not supported by this build yet; use \"ollama\"".into(),
-                );
-            }
         }
 
         let mut cats = HashSet::new();
@@ -604,6 +635,12 @@ impl Config {
                     push(format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
                 }
             }
+            if c.cloud == CloudPermission::OnFailure && c.providers.is_empty() {
+                push(
+                    format!("categories[{i}].providers"),
+                    "cloud = \"on-failure\" needs at least one provider to fall back to".into(),
+                );
+            }
             for (j, m) in c.models.iter().enumerate() {
                 if m.is_empty() {
                     push(format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing".into());
@@ -618,11 +655,26 @@ impl Config {
             } else if !provs.insert(p.name.as_str()) {
                 push(format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
             }
-            if url::Url::parse(&p.base_url).is_err() {
-                push(format!("providers[{i}].base_url"), format!("\"{}\" is not a URL", p.base_url));
+            match url::Url::parse(&p.base_url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+                Ok(_) => push(
+                    format!("providers[{i}].base_url"),
+                    format!("\"{}\" must be an http:// or https:// URL", p.base_url),
+                ),
+                Err(e) => push(format!("providers[{i}].base_url"), format!("\"{}\" is not a URL: {e}", p.base_url)),
             }
-            if p.secret.is_empty() {
-                push(format!("providers[{i}].secret"), "name the keyring entry that holds the API key".into());
+            if !p.secret.is_empty() && crate::secrets::check_name(&p.secret).is_err() {
+                push(
+                    format!("providers[{i}].secret"),
+                    format!("\"{}\" is not a secret name (a-z, 0-9, '-', '_', '.')", p.secret),
+                );
+            }
+            for (field, v) in
+                [("connect_timeout_ms", p.connect_timeout_ms), ("first_byte_timeout_ms", p.first_byte_timeout_ms)]
+            {
+                if v == 0 {
+                    push(format!("providers[{i}].{field}"), "must be greater than 0".into());
+                }
             }
         }
 
@@ -649,6 +701,12 @@ impl Config {
             if v == 0 {
                 push(field.into(), "must be greater than 0".into());
             }
+        }
+        if !(0.0..=1.0).contains(&self.alerts.fallback_share) {
+            push("alerts.fallback_share".into(), "must be between 0 and 1 (0 turns the alert off)".into());
+        }
+        if self.alerts.fallback_window_ms < 1_000 {
+            push("alerts.fallback_window_ms".into(), "must be at least 1000".into());
         }
         if !(0.0..=1.0).contains(&self.retry.budget_ratio) {
             push("retry.budget_ratio".into(), "must be between 0 and 1".into());
@@ -996,6 +1054,7 @@ pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Ve
         ("breaker", base.breaker != incoming.breaker),
         ("retry", base.retry != incoming.retry),
         ("queue", base.queue != incoming.queue),
+        ("alerts", base.alerts != incoming.alerts),
     ] {
         if differs && mode == ImportMode::Replace {
             changes.push(Change { action: "changed", kind: "section", name: name.to_string() });
@@ -1007,6 +1066,7 @@ pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Ve
         next.breaker = incoming.breaker.clone();
         next.retry = incoming.retry.clone();
         next.queue = incoming.queue.clone();
+        next.alerts = incoming.alerts.clone();
     }
     (next, changes)
 }

@@ -57,6 +57,10 @@ pub enum BrokerError {
     UpstreamTimeout { attempts: u32, detail: String },
     #[error("failed to read the request body: {0}")]
     BodyRead(String),
+    #[error("no local node could serve this request ({local}), and category \"{category}\" does not allow cloud fallback (cloud = \"never\")")]
+    CloudNotAllowed { category: String, local: String, forwarded: bool },
+    #[error("no local node could serve this request ({local}), and every cloud provider failed: {providers}")]
+    CloudFailed { local: String, providers: String },
 }
 
 impl BrokerError {
@@ -80,6 +84,8 @@ impl BrokerError {
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BodyRead(_) => "body_read_failed",
+            Self::CloudNotAllowed { .. } => "cloud_not_allowed",
+            Self::CloudFailed { .. } => "cloud_failed",
         }
     }
 
@@ -98,8 +104,9 @@ impl BrokerError {
             | Self::NoNodeReachable { .. }
             | Self::QueueTimeout { .. }
             | Self::ClusterBusy
+            | Self::CloudNotAllowed { .. }
             | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Self::UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            Self::UpstreamFailed { .. } | Self::CloudFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -117,7 +124,12 @@ impl BrokerError {
 
     /// Whether any node received the request. `false` promises the request ran nowhere.
     pub fn forwarded(&self) -> bool {
-        matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy)
+        match self {
+            Self::CloudNotAllowed { forwarded, .. } => *forwarded,
+            // A provider may have started on it before failing.
+            Self::CloudFailed { .. } => true,
+            _ => matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy),
+        }
     }
 
     /// Whether the same request may succeed if the client sends it again later.
@@ -177,6 +189,8 @@ mod tests {
             BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },
             BrokerError::UpstreamTimeout { attempts: 1, detail: String::new() },
             BrokerError::BodyRead(String::new()),
+            BrokerError::CloudNotAllowed { category: String::new(), local: String::new(), forwarded: false },
+            BrokerError::CloudFailed { local: String::new(), providers: String::new() },
         ];
         let docs = include_str!("../docs/errors.md");
         let mut seen = std::collections::HashSet::new();

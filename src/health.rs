@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HealthConfig;
+use crate::config::{HealthConfig, NodeKind};
 use crate::node::{Health, LoadedModel, Node, Registry};
 
 #[derive(Deserialize)]
@@ -59,24 +59,51 @@ fn url(node: &Node, path: &str) -> String {
 }
 
 /// One liveness probe: did the node answer `/api/version` with a 2xx in time?
+/// OpenAI-compatible nodes: `/health` (llama.cpp, vLLM), or `/v1/models` where there is none.
 pub async fn probe_liveness(client: &reqwest::Client, node: &Node, timeout: Duration) -> bool {
-    matches!(
-        tokio::time::timeout(timeout, client.get(url(node, "/api/version")).send()).await,
-        Ok(Ok(r)) if r.status().is_success()
-    )
+    let get = |target: String| async move {
+        match tokio::time::timeout(timeout, client.get(target).send()).await {
+            Ok(Ok(r)) => Some(r.status()),
+            _ => None,
+        }
+    };
+    if node.config.kind == NodeKind::Openai {
+        return match get(url(node, "/health")).await {
+            Some(s) if s == reqwest::StatusCode::NOT_FOUND => {
+                get(crate::cloud::openai_url(&node.base_url, "/models").to_string())
+                    .await
+                    .is_some_and(|s| s.is_success())
+            }
+            Some(s) => s.is_success(),
+            None => false,
+        };
+    }
+    get(url(node, "/api/version")).await.is_some_and(|s| s.is_success())
 }
 
 /// One readiness probe: can the node generate one token of `model`?
 pub async fn probe_readiness(client: &reqwest::Client, node: &Node, model: &str, timeout: Duration) -> bool {
-    let body = serde_json::json!({"model": model, "prompt": "ping", "stream": false, "options": {"num_predict": 1}});
+    let (target, body) = if node.config.kind == NodeKind::Openai {
+        let m = model.strip_suffix(":latest").unwrap_or(model);
+        let body = serde_json::json!({"model": m, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1});
+        (crate::cloud::openai_url(&node.base_url, "/chat/completions").to_string(), body)
+    } else {
+        let body =
+            serde_json::json!({"model": model, "prompt": "ping", "stream": false, "options": {"num_predict": 1}});
+        (url(node, "/api/generate"), body)
+    };
     matches!(
-        tokio::time::timeout(timeout, client.post(url(node, "/api/generate")).json(&body).send()).await,
+        tokio::time::timeout(timeout, client.post(target).json(&body).send()).await,
         Ok(Ok(r)) if r.status().is_success()
     )
 }
 
 /// Preload `models` the node has (Ollama loads a model on a generate with no prompt).
 pub async fn warm_up(client: &reqwest::Client, node: &Node, models: &[String], timeout: Duration) {
+    if node.config.kind == NodeKind::Openai {
+        // OpenAI-compatible servers load their model at start; there is no preload request.
+        return;
+    }
     for m in models {
         if node.serves(m) == Some(false) {
             continue;
@@ -102,6 +129,23 @@ pub async fn probe_deep(client: &reqwest::Client, node: &Node, timeout: Duration
             tokio::time::timeout(timeout, resp.bytes()).await.ok()?.ok()
         }
     };
+    if node.config.kind == NodeKind::Openai {
+        let target = crate::cloud::openai_url(&node.base_url, "/models").to_string();
+        let list = async {
+            let resp = tokio::time::timeout(timeout, client.get(target).send()).await.ok()?.ok()?;
+            if !resp.status().is_success() {
+                return None;
+            }
+            tokio::time::timeout(timeout, resp.json::<serde_json::Value>()).await.ok()?.ok()
+        };
+        let Some(v) = list.await else { return false };
+        let tags = crate::proxy::openai_models_as_tags(&v);
+        let names = tags["models"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|m| m["name"].as_str()).map(str::to_string).collect::<Vec<_>>());
+        node.set_models(names.unwrap_or_default());
+        return true;
+    }
     let (tags, ps) = tokio::join!(fetch("/api/tags"), fetch("/api/ps"));
     let mut answered = false;
     if let Some(tags) = tags.and_then(|b| serde_json::from_slice::<TagsResponse>(&b).ok()) {

@@ -10,6 +10,7 @@ pub mod bench;
 pub mod breaker;
 pub mod broker;
 pub mod charts;
+pub mod cloud;
 pub mod config;
 pub mod error;
 pub mod ewma;

@@ -76,6 +76,16 @@ enum Command {
         parallel: usize,
         #[arg(long, default_value_t = 512)]
         max_queue: usize,
+        /// Play an OpenAI-compatible cloud API (only `/v1/*`), keeping request bodies for
+        /// `/_sim/received`.
+        #[arg(long)]
+        cloud: bool,
+        /// Require this bearer key on `/v1/*` (as a cloud API does).
+        #[arg(long, env = "CORRAL_SIM_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
+        /// Answer with the last user message instead of generated text.
+        #[arg(long)]
+        echo: bool,
     },
     /// Work with config files.
     Config {
@@ -255,13 +265,16 @@ async fn run(command: Command) -> ExitCode {
     match command {
         Command::Serve { config } => serve(config.as_deref()).await,
         Command::Demo { port, nodes, admin_port, db } => demo(port, nodes, admin_port, db).await,
-        Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue } => {
+        Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue, cloud, api_key, echo } => {
             let spec = SimSpec {
                 models,
                 tps,
                 ttft: Duration::from_millis(ttft_ms),
                 parallel,
                 max_queue,
+                cloud,
+                api_key,
+                echo,
                 ..SimSpec::default()
             };
             sim(port, nodes, spec).await

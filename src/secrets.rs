@@ -45,7 +45,7 @@ impl SecretError {
     }
 }
 
-fn check_name(name: &str) -> Result<(), SecretError> {
+pub fn check_name(name: &str) -> Result<(), SecretError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c))

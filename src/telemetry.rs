@@ -29,9 +29,26 @@ use crate::store::{now_ms, RequestRow, Started, Store};
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    NodeState { node: String, from: NodeState, to: NodeState, reason: String, at: i64 },
+    NodeState {
+        node: String,
+        from: NodeState,
+        to: NodeState,
+        reason: String,
+        at: i64,
+    },
     Request(Box<RequestRow>),
-    ConfigReload { ok: bool, error: Option<String> },
+    ConfigReload {
+        ok: bool,
+        error: Option<String>,
+    },
+    /// The share of requests answered by cloud providers crossed `alerts.fallback_share`
+    /// (`above`), or fell back below it.
+    FallbackShare {
+        share: f64,
+        requests: u64,
+        threshold: f64,
+        above: bool,
+    },
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,6 +97,7 @@ struct Metrics {
     node_state: Family<StateLabels, Gauge>,
     queue_depth: Gauge,
     store_dropped: Gauge,
+    fallback_share: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -95,6 +113,12 @@ impl Metrics {
         let node_state = Family::<StateLabels, Gauge>::default();
         let queue_depth = Gauge::default();
         let store_dropped = Gauge::default();
+        let fallback_share = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "fallback_share",
+            "Share of inference requests answered by cloud providers over alerts.fallback_window_ms",
+            fallback_share.clone(),
+        );
         registry.register("requests", "Requests finished, by node, category and outcome", requests.clone());
         registry.register("request_duration_seconds", "Whole request time, by node", duration.clone());
         registry.register("time_to_first_byte_seconds", "Time to the first byte of the answer, by node", ttfb.clone());
@@ -121,6 +145,7 @@ impl Metrics {
             node_state,
             queue_depth,
             store_dropped,
+            fallback_share,
         }
     }
 }
@@ -129,6 +154,7 @@ pub struct Telemetry {
     bus: broadcast::Sender<Event>,
     metrics: Metrics,
     store: Option<Store>,
+    fallback_share: std::sync::Mutex<crate::cloud::share::Window>,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -139,7 +165,22 @@ impl std::fmt::Debug for Telemetry {
 
 impl Telemetry {
     pub fn new(store: Option<Store>, bus: broadcast::Sender<Event>) -> Self {
-        Self { bus, metrics: Metrics::new(), store }
+        let share = crate::cloud::share::Window::new(crate::config::AlertsConfig::default(), Instant::now());
+        Self { bus, metrics: Metrics::new(), store, fallback_share: std::sync::Mutex::new(share) }
+    }
+
+    pub fn set_alerts(&self, cfg: crate::config::AlertsConfig) {
+        self.share_window().set_config(cfg);
+    }
+
+    fn share_window(&self) -> std::sync::MutexGuard<'_, crate::cloud::share::Window> {
+        self.fallback_share.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Share of inference requests a cloud provider answered in the alert window, and how many
+    /// requests that is out of.
+    pub fn fallback_share(&self) -> (f64, u64) {
+        self.share_window().share(Instant::now())
     }
 
     /// A fresh bus; node state changes are published on it from the registry.
@@ -207,6 +248,7 @@ impl Telemetry {
             }
         }
         m.queue_depth.set(queue_depth as i64);
+        m.fallback_share.set(self.fallback_share().0);
         m.store_dropped.set(self.store.as_ref().map_or(0, |s| s.dropped() as i64));
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &m.registry) {
@@ -239,6 +281,33 @@ impl Telemetry {
         }
         if let Some(p) = &row.fallback {
             m.fallbacks.get_or_create(&ProviderLabels { provider: p.clone() }).inc();
+        }
+        if crate::cloud::can_fall_back(&row.endpoint) && row.status != "client_error" {
+            let by_cloud = row.fallback.is_some() && row.status == "ok";
+            let crossing = self.share_window().record(Instant::now(), by_cloud);
+            if let Some(c) = crossing {
+                if c.above {
+                    tracing::warn!(
+                        share = c.share,
+                        requests = c.requests,
+                        threshold = c.threshold,
+                        "cloud providers are answering a large share of requests"
+                    );
+                } else {
+                    tracing::info!(
+                        share = c.share,
+                        requests = c.requests,
+                        threshold = c.threshold,
+                        "cloud fallback share is back below the alert threshold"
+                    );
+                }
+                self.publish(Event::FallbackShare {
+                    share: c.share,
+                    requests: c.requests,
+                    threshold: c.threshold,
+                    above: c.above,
+                });
+            }
         }
         tracing::info!(
             target: "corral::request",

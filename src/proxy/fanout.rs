@@ -27,16 +27,26 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
     let timeout = Duration::from_millis(config.health.timeout_ms.max(config.proxy.connect_timeout_ms))
         .max(Duration::from_secs(2));
     let asks = nodes.iter().map(|node| {
-        let url = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path);
+        let openai = node.config.kind == crate::config::NodeKind::Openai;
+        let url = if openai {
+            // OpenAI-compatible servers list models at `/v1/models` and have no `/api/ps`.
+            crate::cloud::openai_url(&node.base_url, "/models").to_string()
+        } else {
+            format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path)
+        };
         let client = shared.client.clone();
         let node = Arc::clone(node);
         async move {
             let ask = async {
+                if openai && path == "/api/ps" {
+                    return Some(json!({ "models": [] }));
+                }
                 let resp = client.get(url).send().await.ok()?;
                 if !resp.status().is_success() {
                     return None;
                 }
-                resp.json::<Value>().await.ok()
+                let v = resp.json::<Value>().await.ok()?;
+                Some(if openai && path == "/api/tags" { openai_models_as_tags(&v) } else { v })
             };
             match tokio::time::timeout(timeout, ask).await {
                 Ok(Some(v)) => Some((node, v)),
@@ -52,6 +62,21 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
         return Err(BrokerError::NoNodeReachable { detail: format!("no node answered {path}") });
     }
     Ok(answers)
+}
+
+/// An OpenAI-style model list in `/api/tags` shape (what an Ollama client can read).
+pub(crate) fn openai_models_as_tags(v: &Value) -> Value {
+    let models: Vec<Value> = entries(v, "data")
+        .iter()
+        .filter_map(|m| m.get("id").and_then(Value::as_str))
+        .map(|id| {
+            json!({
+                "name": id, "model": id, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
+                "details": { "format": "", "family": "", "parameter_size": "", "quantization_level": "" },
+            })
+        })
+        .collect();
+    json!({ "models": models })
 }
 
 fn entries(v: &Value, key: &str) -> Vec<Value> {

@@ -28,7 +28,8 @@ use tokio::time::Instant;
 
 use super::Shared;
 use crate::admit::Ticket;
-use crate::config::{Config, Origin};
+use crate::cloud::translate::{self, Audience, Native};
+use crate::config::{Config, NodeKind, Origin};
 use crate::error::BrokerError;
 use crate::node::{InFlight, Outcome};
 use crate::telemetry::{status_for, Trace};
@@ -184,21 +185,42 @@ enum Answer {
     Whole(Response),
 }
 
-struct RelayParts {
-    status: StatusCode,
-    headers: HeaderMap,
-    upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    first: Option<Bytes>,
-    guard: InFlight,
+/// An answer's body as it arrives: bytes, or why it broke off.
+pub(crate) type BodyStream = futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>>;
+
+/// Why an answer's body broke off.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BodyError {
+    #[error("{}", root_cause(.0))]
+    Http(#[from] reqwest::Error),
+    /// The upstream's answer could not be translated (an OpenAI-compatible stream that ended
+    /// early or carried an error event).
+    #[error("{0}")]
+    Translate(String),
+}
+
+/// Who produced an answer: a node (whose slot is held until the end, and which is judged by
+/// how the answer ends) or a cloud provider.
+pub(crate) enum Source {
+    Node(InFlight),
+    Provider(String),
+}
+
+pub(crate) struct RelayParts {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub upstream: BodyStream,
+    pub first: Option<Bytes>,
+    pub source: Source,
 }
 
 impl RelayParts {
-    fn into_response(self, trace: Option<Trace>, request_id: &str, idle: Duration) -> Response {
+    pub(crate) fn into_response(self, trace: Option<Trace>, request_id: &str, idle: Duration) -> Response {
         let framing = Framing::of(&self.headers);
         let relay = Relay {
             upstream: self.upstream,
             first: self.first,
-            guard: Some(self.guard),
+            source: Some(self.source),
             trace,
             status: self.status,
             idle,
@@ -225,12 +247,33 @@ async fn attempt_once(
     out: &Outbound,
 ) -> Result<Answer, AttemptFailed> {
     let node = Arc::clone(guard.node());
-    let url = node_url(&node.base_url, &out.path_and_query);
+    let plan = if node.config.kind == NodeKind::Openai {
+        match OpenaiPlan::new(&node, out) {
+            Ok(p) => Some(p),
+            Err((status, msg)) => {
+                guard.judge(Outcome::Success);
+                let mut r = Response::new(Body::from(serde_json::json!({ "error": msg }).to_string()));
+                *r.status_mut() = status;
+                r.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+                return Ok(Answer::Whole(r));
+            }
+        }
+    } else {
+        None
+    };
+    let (url, body) = match &plan {
+        Some(p) => (p.url.clone(), p.body.clone()),
+        None => (node_url(&node.base_url, &out.path_and_query), out.body.clone()),
+    };
     let mut headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
         headers.insert("x-request-id", v);
     }
-    let request = shared.client.request(out.method.clone(), url).headers(headers).body(out.body.clone());
+    if plan.as_ref().is_some_and(|p| p.native.is_some()) {
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    }
+    let request = shared.client.request(out.method.clone(), url).headers(headers).body(body);
     let first_byte = config.proxy.first_byte_timeout();
     let sent_at = Instant::now();
     let resp = match tokio::time::timeout(first_byte, request.send()).await {
@@ -260,23 +303,49 @@ async fn attempt_once(
 
     if status == StatusCode::NOT_FOUND && out.model.is_some() && !out.path_and_query.starts_with("/api/show") {
         let body = read_small(resp, Duration::from_secs(2)).await;
-        if body.contains("not found") {
+        if body.contains("not found") || body.contains("does not exist") {
             // Stale model list (say, before the first deep probe): try a node that has it.
             if let Some(m) = &out.model {
                 node.forget_model(m);
             }
             return Err(failed(&mut guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
         }
+        let body = match plan.as_ref().and_then(|p| p.native) {
+            Some(_) => crate::cloud::translate::native_error(body.as_bytes()).to_string(),
+            None => body,
+        };
         let mut r = Response::new(Body::from(body));
         *r.status_mut() = status;
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
         guard.judge(Outcome::Success);
         return Ok(Answer::Whole(r));
     }
-    let resp_headers = copy_headers(resp.headers());
-    let mut upstream = resp.bytes_stream().boxed();
+    let mut resp_headers = copy_headers(resp.headers());
     // Phase one ends with the first byte of the body: until then a retry is still safe.
     let remaining = first_byte.saturating_sub(sent_at.elapsed());
+    let mut upstream: BodyStream = match plan.and_then(|p| p.native.map(|n| (n, p.model))) {
+        None => resp.bytes_stream().map(|r| r.map_err(BodyError::from)).boxed(),
+        Some(((api, _), _)) if status.is_client_error() => {
+            // The node's own refusal, in Ollama's words.
+            let body = read_small(resp, Duration::from_secs(2)).await;
+            let mut r = Response::new(Body::from(crate::cloud::translate::native_error(body.as_bytes()).to_string()));
+            *r.status_mut() = status;
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+            tracing::debug!(node = %node.name(), ?api, status = status.as_u16(), "OpenAI-compatible node refused");
+            guard.judge(Outcome::Success);
+            return Ok(Answer::Whole(r));
+        }
+        Some(((api, stream), model)) => {
+            let reply = crate::cloud::translate::Reply::native(api, &model, sent_at, None);
+            match crate::cloud::answer_body(resp, Some(reply), stream, remaining).await {
+                Ok((content_type, body)) => {
+                    resp_headers.insert(header::CONTENT_TYPE, content_type);
+                    body
+                }
+                Err(why) => return Err(failed(&mut guard, Outcome::Failed, why)),
+            }
+        }
+    };
     let first = match tokio::time::timeout(remaining, upstream.next()).await {
         Err(_) => {
             return Err(failed(
@@ -286,18 +355,60 @@ async fn attempt_once(
             ))
         }
         Ok(Some(Err(e))) => {
-            return Err(failed(
-                &mut guard,
-                Outcome::Failed,
-                format!("body failed before the first byte ({})", root_cause(&e)),
-            ))
+            return Err(failed(&mut guard, Outcome::Failed, format!("body failed before the first byte ({e})")))
         }
         Ok(Some(Ok(b))) => Some(b),
         Ok(None) => None,
     };
     node.observe_ttfb(sent_at.elapsed());
 
-    Ok(Answer::Relay(RelayParts { status, headers: resp_headers, upstream, first, guard }))
+    Ok(Answer::Relay(RelayParts { status, headers: resp_headers, upstream, first, source: Source::Node(guard) }))
+}
+
+/// How a request goes to a `kind = "openai"` node: Ollama's native endpoints translated to
+/// Chat Completions / Embeddings, `/v1` as it came.
+struct OpenaiPlan {
+    url: url::Url,
+    body: Bytes,
+    /// The translated endpoint and whether the client wants a stream; `None` for `/v1`.
+    native: Option<(Native, bool)>,
+    /// The model name the client used, echoed in the answer.
+    model: String,
+}
+
+impl OpenaiPlan {
+    /// The plan, or the answer to give the client instead (a request that cannot be
+    /// translated, an endpoint such a node does not have).
+    fn new(node: &crate::node::Node, out: &Outbound) -> Result<Self, (StatusCode, String)> {
+        let refuse = |status: StatusCode, msg: String| (status, msg);
+        let path = out.path_and_query.split('?').next().unwrap_or("");
+        let model = out.model.clone().unwrap_or_default();
+        if let Some(rest) = out.path_and_query.strip_prefix("/v1") {
+            return Ok(Self {
+                url: crate::cloud::openai_url(&node.base_url, rest),
+                body: out.body.clone(),
+                native: None,
+                model,
+            });
+        }
+        let Some(api) = Native::of(path) else {
+            return Err(refuse(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("node {} is an OpenAI-compatible server; it has no {path}", node.name()),
+            ));
+        };
+        let parsed: serde_json::Value =
+            serde_json::from_slice(&out.body).map_err(|e| refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let upstream_model = model.strip_suffix(":latest").unwrap_or(&model);
+        let t = translate::request(api, &parsed, upstream_model, Audience::Node)
+            .map_err(|e| refuse(StatusCode::BAD_REQUEST, e.0))?;
+        Ok(Self {
+            url: crate::cloud::openai_url(&node.base_url, api.upstream_path()),
+            body: Bytes::from(t.body.to_string()),
+            native: Some((api, t.stream)),
+            model,
+        })
+    }
 }
 
 /// The node's URL for a request path, from its parsed base URL: no re-parsing (and no IDNA
@@ -318,7 +429,7 @@ fn failed(guard: &mut InFlight, outcome: Outcome, detail: String) -> AttemptFail
 }
 
 /// The error's innermost cause, which is the useful one ("Connection refused").
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     while let Some(next) = cur.source() {
         cur = next;
@@ -326,7 +437,7 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
-async fn read_small(resp: reqwest::Response, within: Duration) -> String {
+pub(crate) async fn read_small(resp: reqwest::Response, within: Duration) -> String {
     let mut out = Vec::new();
     let mut stream = resp.bytes_stream();
     let read = async {
@@ -375,9 +486,9 @@ const TAIL_CHUNKS: usize = 4;
 
 /// Relays an answer's body and judges the exchange when it ends.
 struct Relay {
-    upstream: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+    upstream: BodyStream,
     first: Option<Bytes>,
-    guard: Option<InFlight>,
+    source: Option<Source>,
     trace: Option<Trace>,
     status: StatusCode,
     /// The last chunks relayed (shared, not copied), where the token counts are.
@@ -385,7 +496,7 @@ struct Relay {
     /// One timer for the idle timeout, re-armed per chunk rather than allocated per chunk.
     silence: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// The end of the body, or an error, met while coalescing; handled on the next call.
-    stashed: Option<Option<reqwest::Result<Bytes>>>,
+    stashed: Option<Option<Result<Bytes, BodyError>>>,
     idle: Duration,
     framing: Framing,
     ends_with_newline: bool,
@@ -425,7 +536,7 @@ impl Relay {
                 None
             }
             Ok(Some(Err(e))) => {
-                let why = format!("node stopped mid-stream ({})", root_cause(&e));
+                let why = format!("the answer stopped mid-stream ({e})");
                 self.fail(Outcome::StreamCut, why, "stream_interrupted")
             }
             Err(_) => {
@@ -480,7 +591,7 @@ impl Relay {
 
     fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
         let node = self.finish(outcome, &why);
-        let message = format!("{why} on node {node}; the answer is incomplete");
+        let message = format!("{why} on {node}; the answer is incomplete");
         let item = match self.framing {
             Framing::Ndjson => {
                 let line = serde_json::json!({ "error": message, "code": code });
@@ -497,12 +608,22 @@ impl Relay {
         Some((item, self))
     }
 
-    /// Judge the exchange once and free the node's slot. Returns the node's name.
+    /// Judge the exchange once and free the node's slot. Returns who answered ("node gpu0",
+    /// "provider openai").
     fn finish(&mut self, outcome: Outcome, detail: &str) -> String {
         self.done = true;
-        let Some(mut guard) = self.guard.take() else { return String::new() };
-        guard.judge(outcome);
-        let node = guard.node();
+        let Some(source) = self.source.take() else { return String::new() };
+        // Held to the end of this function: the node's slot frees after the record is made.
+        let mut guard = None;
+        let name = match source {
+            Source::Node(mut g) => {
+                g.judge(outcome);
+                let name = format!("node {}", g.node().name());
+                guard = Some(g);
+                name
+            }
+            Source::Provider(p) => format!("provider {p}"),
+        };
         if let Some(mut t) = self.trace.take() {
             let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail_bytes());
             t.row.prompt_tokens = prompt;
@@ -516,17 +637,18 @@ impl Relay {
             t.finish(status, Some(self.status.as_u16()), code);
         }
         if outcome.is_node_failure() {
-            tracing::warn!(request_id = %self.request_id, node = %node.name(), ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
+            tracing::warn!(request_id = %self.request_id, from = %name, ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
         } else {
-            tracing::debug!(request_id = %self.request_id, node = %node.name(), ?outcome, bytes = self.bytes, "answer relayed");
+            tracing::debug!(request_id = %self.request_id, from = %name, ?outcome, bytes = self.bytes, "answer relayed");
         }
-        node.name().to_string()
+        drop(guard);
+        name
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        if self.guard.is_some() {
+        if self.source.is_some() {
             // Dropped before the end: the client went away. Dropping `upstream` closes the
             // node's connection, so it stops generating.
             self.finish(Outcome::ClientGone, "client disconnected");

@@ -32,7 +32,9 @@ use crate::retry::RetryBudget;
 use crate::route::Router;
 use crate::telemetry::{status_for, Telemetry, Trace};
 
+pub(crate) use fanout::openai_models_as_tags;
 pub use forward::Outbound;
+pub(crate) use forward::{read_small, root_cause, BodyError, BodyStream, RelayParts, Source};
 
 /// State shared by every proxy listener (and the admin API, which changes it at runtime).
 pub struct Shared {
@@ -46,6 +48,8 @@ pub struct Shared {
     pub telemetry: Arc<Telemetry>,
     /// Outcome of config file reloads, for status displays.
     pub reload: Arc<Mutex<crate::reload::ReloadStatus>>,
+    /// Clients for cloud providers (per connect timeout).
+    pub cloud_clients: crate::cloud::Clients,
     seed: Option<u64>,
     rng: Mutex<SmallRng>,
 }
@@ -78,6 +82,7 @@ impl Shared {
             Some(s) => SmallRng::seed_from_u64(s ^ 0x5eed),
             None => SmallRng::from_entropy(),
         };
+        telemetry.set_alerts(config.alerts.clone());
         Self {
             routers: ArcSwap::from_pointee(routers_for(&config, seed)),
             admission: Arc::new(Admission::new(Arc::clone(&registry), config.queue.clone())),
@@ -88,6 +93,7 @@ impl Shared {
             shutdown,
             telemetry,
             reload: Arc::default(),
+            cloud_clients: crate::cloud::Clients::default(),
             seed,
             rng: Mutex::new(rng),
         }
@@ -132,6 +138,7 @@ impl Shared {
             self.routers.store(Arc::new(routers_for(&next, self.seed)));
         }
         self.admission.set_limits(next.queue.clone());
+        self.telemetry.set_alerts(next.alerts.clone());
         self.config.store(Arc::new(next));
         self.admission.dispatch();
     }
@@ -326,9 +333,12 @@ async fn serve(
     }
     let cat = config.category(&category);
     let session = parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string);
+    // Kept for a cloud fallback: the body is shared, not copied.
+    let fallback_body = body.clone();
+    let fallback_model = model.clone();
     let out = Outbound {
         method: parts.method.clone(),
-        path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path),
+        path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path.clone()),
         headers: parts.headers,
         body,
         model,
@@ -339,7 +349,23 @@ async fn serve(
         request_id: id.to_string(),
         queue_timeout,
     };
-    let mut response = forward::forward(shared, out, trace).await?;
+    let mut response = match forward::forward(shared, out, trace).await {
+        Ok(r) => r,
+        Err((local, attempts)) => match (cat, fallback_model) {
+            (Some(cat), Some(model)) if crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) => {
+                let req = crate::cloud::Request {
+                    path: &path,
+                    body: &fallback_body,
+                    model: &model,
+                    category: cat,
+                    request_id: id,
+                    local_attempts: attempts,
+                };
+                crate::cloud::fall_back(shared, req, local, trace).await.map_err(|e| (e, attempts))?
+            }
+            (_, _) => return Err((local, attempts)),
+        },
+    };
     if let Some(w) = context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
     }

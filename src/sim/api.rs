@@ -73,7 +73,18 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
             model: model.clone(),
             host: header("host"),
             request_id: header("x-request-id"),
+            bearer: header("authorization").and_then(|a| a.strip_prefix("Bearer ").map(str::to_string)),
+            body: s.spec.cloud.then(|| String::from_utf8_lossy(&body).into_owned()),
         });
+    }
+    if s.spec.cloud && !path.starts_with("/v1/") && !path.starts_with("/_sim") {
+        return v1_error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})"));
+    }
+    if let (Some(key), true) = (&s.spec.api_key, path.starts_with("/v1/")) {
+        let sent = parts.headers.get("authorization").and_then(|v| v.to_str().ok());
+        if sent != Some(format!("Bearer {key}").as_str()) {
+            return v1_error(StatusCode::UNAUTHORIZED, "Incorrect API key provided.");
+        }
     }
 
     if path == "/api/version" && method == Method::GET {
@@ -89,7 +100,8 @@ async fn handle(State(s): State<Arc<Shared>>, req: Request) -> Response {
         (Method::GET, "/api/ps") => ps(&s),
         (Method::GET, "/v1/models") => axum::Json(json!({
             "object": "list",
-            "data": s.models().iter().map(|m| json!({"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "library"})).collect::<Vec<_>>(),
+            // Ollama says `llama3.2:latest`; OpenAI-compatible servers name models without tags.
+            "data": s.models().iter().map(|m| if s.spec.cloud { m.strip_suffix(":latest").unwrap_or(m) } else { m }).map(|m| json!({"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "library"})).collect::<Vec<_>>(),
         }))
         .into_response(),
         (Method::POST, "/api/show") => show(&s, &body),
@@ -358,6 +370,24 @@ fn now() -> String {
     rfc3339(time::OffsetDateTime::now_utc())
 }
 
+/// The last user message (or the prompt), which an echoing sim answers with.
+fn last_user_text(kind: Kind, req: &Value) -> String {
+    match kind {
+        Kind::Chat | Kind::V1Chat => req
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+            .map(|m| prompt_text(kind, &json!({ "messages": [m] })))
+            .unwrap_or_default(),
+        Kind::Generate | Kind::V1Completion => req.get("prompt").and_then(Value::as_str).unwrap_or("").to_string(),
+    }
+}
+
+fn echo_tokens(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(3).map(|c| c.iter().collect()).collect()
+}
+
 /// Text of the prompt, for seeding and counting.
 fn prompt_text(kind: Kind, req: &Value) -> String {
     match kind {
@@ -514,7 +544,11 @@ async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Response {
     let seed = options_i64(&req, "seed", "seed").map(|x| x as u64).unwrap_or_else(|| text::hash(&[&model, &prompt]));
     let num_predict = options_i64(&req, "num_predict", "max_tokens")
         .or_else(|| options_i64(&req, "num_predict", "max_completion_tokens"));
-    let completion = text::complete(seed, num_predict);
+    let completion = if s.spec.echo {
+        text::Completion { tokens: echo_tokens(&last_user_text(kind, &req)), done_reason: "stop" }
+    } else {
+        text::complete(seed, num_predict)
+    };
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(!kind.is_v1());
     let include_usage =
         req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);

@@ -42,6 +42,14 @@ pub struct SimSpec {
     pub max_queue: usize,
     pub version: String,
     pub embedding_dims: usize,
+    /// Play an OpenAI-compatible cloud API: only `/v1/*` answers, and request bodies are kept
+    /// (`Received::body`) so tests can see exactly what left the building.
+    pub cloud: bool,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>` and answers 401 otherwise.
+    pub api_key: Option<String>,
+    /// Answer with the last user message, streamed in 3-character pieces (to test restoring
+    /// placeholders split across chunks).
+    pub echo: bool,
 }
 
 impl Default for SimSpec {
@@ -54,6 +62,9 @@ impl Default for SimSpec {
             max_queue: 512,
             version: "0.12.6".into(),
             embedding_dims: 16,
+            cloud: false,
+            api_key: None,
+            echo: false,
         }
     }
 }
@@ -107,6 +118,10 @@ pub struct Received {
     pub model: Option<String>,
     pub host: Option<String>,
     pub request_id: Option<String>,
+    /// The bearer token sent, if any (cloud sims check it).
+    pub bearer: Option<String>,
+    /// The body as received; kept by cloud sims only.
+    pub body: Option<String>,
 }
 
 struct Shared {

@@ -1,0 +1,319 @@
+//! Cloud fallback, redaction and OpenAI-compatible nodes, against loopback sims: local Ollama
+//! sims, and a sim playing an OpenAI-compatible cloud that records what it received.
+//! (The API key from the OS keyring is covered in tests/secrets.rs, inside a D-Bus session.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, ndjson};
+use corral::config::{CategoryConfig, CloudPermission, NodeConfig, NodeKind, ProviderConfig};
+use corral::sim::{Faults, SimNode, SimSpec};
+use corral::telemetry::Event;
+use serde_json::{json, Value};
+
+async fn cloud_sim(f: impl FnOnce(&mut SimSpec)) -> SimNode {
+    let mut spec = SimSpec { models: vec!["gpt-4o-mini".into()], cloud: true, ..SimSpec::default() };
+    f(&mut spec);
+    SimNode::start(spec).await.expect("cloud sim starts")
+}
+
+fn provider(name: &str, cloud: &SimNode) -> ProviderConfig {
+    ProviderConfig {
+        name: name.into(),
+        base_url: format!("{}/v1", cloud.url()),
+        model_map: [("llama3.2".to_string(), "gpt-4o-mini".to_string())].into(),
+        ..ProviderConfig::default()
+    }
+}
+
+/// Two local nodes; `default` may fall back to `providers`, `hr` may not, `support` falls back
+/// with redaction.
+async fn setup(providers: Vec<ProviderConfig>) -> common::Cluster {
+    let names: Vec<String> = providers.iter().map(|p| p.name.clone()).collect();
+    cluster(2)
+        .config(move |cfg| {
+            cfg.categories[0].cloud = CloudPermission::OnFailure;
+            cfg.categories[0].providers = names.clone();
+            cfg.categories.push(CategoryConfig { name: "hr".into(), ..CategoryConfig::default() });
+            cfg.categories.push(CategoryConfig {
+                name: "support".into(),
+                cloud: CloudPermission::OnFailure,
+                providers: names,
+                redact: true,
+                ..CategoryConfig::default()
+            });
+            cfg.providers = providers;
+        })
+        .start()
+        .await
+}
+
+fn stop_all(c: &common::Cluster) {
+    for s in &c.sims {
+        s.stop();
+    }
+}
+
+fn cloud_calls(cloud: &SimNode) -> usize {
+    cloud.count("/v1/chat/completions") + cloud.count("/v1/embeddings") + cloud.count("/v1/completions")
+}
+
+#[tokio::test]
+async fn all_nodes_down_falls_back_streamed_in_ollamas_format() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    stop_all(&c);
+
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let lines = ndjson(&r.text().await.expect("body"));
+    assert!(lines.len() > 2, "streamed token by token: {lines:?}");
+    let (last, tokens) = lines.split_last().expect("lines");
+    assert!(tokens
+        .iter()
+        .all(|l| l["done"] == false && l["model"] == "llama3.2" && l["message"]["role"] == "assistant"));
+    assert_eq!(last["done"], true);
+    assert_eq!(last["done_reason"], "stop");
+    assert_eq!(last["eval_count"].as_u64(), Some(tokens.len() as u64), "usage from the provider");
+    assert!(last["prompt_eval_count"].as_u64().is_some_and(|n| n > 0));
+
+    let sent = cloud.received().into_iter().find(|r| r.path == "/v1/chat/completions").expect("the cloud got it");
+    assert_eq!(sent.model.as_deref(), Some("gpt-4o-mini"), "model_map applied");
+    let body: Value = serde_json::from_str(sent.body.as_deref().unwrap_or("")).expect("json body");
+    assert_eq!(body["messages"], json!([{"role": "user", "content": "hello"}]));
+    assert_eq!(body["stream"], true);
+
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!((v["done"].clone(), v["model"].clone()), (json!(true), json!("llama3.2")));
+    assert!(v["message"]["content"].as_str().is_some_and(|t| !t.is_empty()));
+
+    let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})).await;
+    let v: Value = r.json().await.expect("json");
+    assert!(v["response"].as_str().is_some_and(|t| !t.is_empty()), "{v}");
+
+    // `/v1` goes as it came, with only the model changed.
+    let r = c
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "llama3.2", "stream": true, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    assert!(r.text().await.expect("body").trim_end().ends_with("data: [DONE]"));
+
+    // The store says who answered (once its writer has flushed).
+    let mut rows = Vec::new();
+    for _ in 0..500 {
+        let v: Value =
+            c.admin(reqwest::Method::GET, "/admin/requests").send().await.expect("admin").json().await.expect("json");
+        rows = v["requests"].as_array().cloned().unwrap_or_default();
+        if rows.iter().filter(|r| r["status"] != "running").count() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rows.iter().filter(|r| r["fallback"] == "cloudsim" && r["status"] == "ok").count(), 4, "{rows:?}");
+}
+
+#[tokio::test]
+async fn a_never_category_gets_503_and_the_cloud_sees_nothing() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    stop_all(&c);
+    for stream in [true, false] {
+        let r = c
+            .client
+            .post(c.url("/api/chat"))
+            .header("x-corral-category", "hr")
+            .json(&json!({"model": "llama3.2", "stream": stream, "messages": [{"role": "user", "content": "salary review"}]}))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["x-corral-forwarded"], "false");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["code"], "cloud_not_allowed");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains("\"hr\"") && e.contains("never")), "{v}");
+    }
+    // A model no node has is the same story.
+    let r = c
+        .client
+        .post(c.url("/api/chat"))
+        .header("x-corral-category", "hr")
+        .json(&json!({"model": "qwen9", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 503);
+    assert_eq!(cloud.received().len(), 0, "nothing left the building");
+}
+
+#[tokio::test]
+async fn a_healthy_cluster_answers_locally_and_mid_stream_failures_never_fall_back() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-corral-fallback").is_none());
+    assert!(r.headers().get("x-corral-node").is_some());
+
+    for s in &c.sims {
+        s.set_faults(Faults { cut_after: Some(2), ..Faults::default() });
+    }
+    let text = c.chat("llama3.2", true).await.text().await.expect("body");
+    let lines = ndjson(&text);
+    assert_eq!(lines.last().map(|l| l["code"].clone()), Some(json!("stream_interrupted")));
+    assert_eq!(cloud_calls(&cloud), 0, "after the first byte there is no fallback");
+}
+
+#[tokio::test]
+async fn a_model_no_node_has_is_answered_by_the_cloud() {
+    let cloud = cloud_sim(|s| s.models.push("qwen-max".into())).await;
+    let mut p = provider("cloudsim", &cloud);
+    p.model_map.insert("qwen3:235b".into(), "qwen-max".into());
+    let c = setup(vec![p]).await;
+    c.learn_models().await;
+    let r = c
+        .post(
+            "/api/chat",
+            json!({"model": "qwen3:235b", "stream": false, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    assert_eq!(cloud.received()[0].model.as_deref(), Some("qwen-max"));
+    assert_eq!(c.inference_counts(), vec![0, 0]);
+}
+
+#[tokio::test]
+async fn providers_are_tried_in_order_and_all_failures_are_reported_together() {
+    let keyed = cloud_sim(|s| s.api_key = Some("sk-right".into())).await;
+    let dead = cloud_sim(|_| {}).await;
+    dead.stop();
+    let c = setup(vec![provider("first", &dead), provider("second", &keyed)]).await;
+    stop_all(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("first: cannot connect"), "{msg}");
+    assert!(msg.contains("second: HTTP 401 Incorrect API key"), "{msg}");
+    assert!(msg.contains("n0") && msg.contains("n1"), "the local reason too: {msg}");
+    assert_eq!(keyed.count("/v1/chat/completions"), 1, "the second was tried after the first");
+}
+
+#[tokio::test]
+async fn redaction_hides_pii_from_the_cloud_and_the_client_gets_it_back() {
+    let cloud = cloud_sim(|s| s.echo = true).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    stop_all(&c);
+    let said = "Reach me at li.wei@example.com or 13800138000; ID 11010519491231002X, card 4111 1111 1111 1111.";
+    for stream in [true, false] {
+        let r = c
+            .client
+            .post(c.url("/api/chat"))
+            .header("x-corral-category", "support")
+            .json(&json!({"model": "llama3.2", "stream": stream, "messages": [{"role": "user", "content": said}]}))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+        let text = r.text().await.expect("body");
+        let answer: String = if stream {
+            ndjson(&text).iter().filter_map(|l| l["message"]["content"].as_str().map(str::to_string)).collect()
+        } else {
+            serde_json::from_str::<Value>(&text).expect("json")["message"]["content"].as_str().unwrap_or("").to_string()
+        };
+        assert_eq!(answer, said, "placeholders restored (stream: {stream})");
+    }
+    for r in cloud.received() {
+        let body = r.body.unwrap_or_default();
+        for secret in ["li.wei@example.com", "13800138000", "11010519491231002X", "4111 1111 1111 1111"] {
+            assert!(!body.contains(secret), "{secret} reached the cloud: {body}");
+        }
+        assert!(body.contains("[EMAIL_1]") && body.contains("[CARD_1]"), "{body}");
+    }
+    assert_eq!(cloud.received().len(), 2);
+}
+
+#[tokio::test]
+async fn crossing_the_fallback_share_raises_one_event() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = cluster(1)
+        .config({
+            let p = provider("cloudsim", &cloud);
+            move |cfg| {
+                cfg.categories[0].cloud = CloudPermission::OnFailure;
+                cfg.categories[0].providers = vec!["cloudsim".into()];
+                cfg.providers = vec![p];
+                cfg.alerts.fallback_share = 0.5;
+                cfg.alerts.fallback_min_requests = 2;
+            }
+        })
+        .start()
+        .await;
+    let mut events = c.broker.shared().telemetry.subscribe();
+    assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+    c.sims[0].stop();
+    for _ in 0..3 {
+        assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+    }
+    let mut crossings = Vec::new();
+    while let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+        if let Event::FallbackShare { share, above, .. } = e {
+            crossings.push((share, above));
+        }
+    }
+    assert_eq!(crossings, vec![(0.5, true)], "one event, when 1 of 2 came from the cloud");
+    let status: Value =
+        c.admin(reqwest::Method::GET, "/admin/status").send().await.expect("admin").json().await.expect("json");
+    assert_eq!(status["fallback"]["share"], json!(0.75));
+    let metrics = c.client.get(c.admin_url("/metrics")).bearer_auth(common::TOKEN).send().await.expect("metrics");
+    assert!(metrics.text().await.expect("text").contains("corral_fallback_share 0.75"));
+}
+
+#[tokio::test]
+async fn an_openai_compatible_node_serves_ollama_clients_with_ollama_answers() {
+    // A sim that speaks only `/v1` stands in for a llama.cpp server (the real one runs in
+    // tests/python/test_llamacpp.py).
+    let node = cloud_sim(|s| s.models = vec!["tiny".into()]).await;
+    let c = cluster(0)
+        .config({
+            let url = node.url();
+            move |cfg| {
+                cfg.nodes =
+                    vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }]
+            }
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    let tags: Value = c.client.get(c.url("/api/tags")).send().await.expect("tags").json().await.expect("json");
+    assert_eq!(tags["models"][0]["name"], "tiny");
+    assert!(
+        corral::health::probe_liveness(&c.client, &c.node(0), Duration::from_secs(2)).await,
+        "/health is 404, /v1/models answers"
+    );
+
+    let r = c.chat("tiny", true).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-node"], "llama");
+    let lines = ndjson(&r.text().await.expect("body"));
+    let last = lines.last().expect("lines");
+    assert_eq!((last["done"].clone(), last["model"].clone()), (json!(true), json!("tiny")));
+    assert_eq!(last["eval_count"].as_u64(), Some(lines.len() as u64 - 1));
+    let r = c.post("/api/embed", json!({"model": "tiny", "input": ["a", "b"]})).await;
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["embeddings"].as_array().map(Vec::len), Some(2), "{v}");
+    // Its own refusals come back in Ollama's words.
+    let r = c.post("/api/chat", json!({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]})).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.json::<Value>().await.expect("json")["error"].as_str().is_some_and(|e| e.contains("robot")));
+    assert!(node.received().iter().all(|r| !r.path.starts_with("/api/")), "nothing Ollama-native reached it");
+}
