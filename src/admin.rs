@@ -357,7 +357,7 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
         "admin": {
             "addr": config.admin.addr,
             "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/secrets (names, set/missing)", "PUT|DELETE /admin/secrets/{name}", "GET /admin/events (SSE: node_state, request, config_reload)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/secrets (names, set/missing)", "PUT|DELETE /admin/secrets/{name}", "GET /admin/events (SSE: node_state, request, config_reload, fallback_share)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
@@ -372,11 +372,19 @@ async fn help(State(s): State<AdminState>) -> Json<Value> {
             "X-Corral-Attempts": "how many nodes were tried",
             "X-Corral-Forwarded": "false on rejections that reached no node (safe to retry anywhere)",
             "X-Corral-Context-Warning": "the prompt fills more than 85% of the context",
+            "X-Corral-Fallback": "the cloud provider that answered, when the cluster could not",
         },
         "categories": config.categories.iter().map(|c| json!({
             "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
-            "cloud": c.cloud, "models": c.models, "affinity": c.affinity,
+            "cloud": c.cloud, "providers": c.providers, "redact": c.redact, "models": c.models, "affinity": c.affinity,
         })).collect::<Vec<_>>(),
+        "cloud_fallback": {
+            "when": "no node has the model, every node tried failed before its first byte, or the queue was full or timed out; never after the first byte of a local answer",
+            "never": "categories with cloud = \"never\" get 503 cloud_not_allowed (forwarded as the local failure was)",
+            "all_failed": "502 cloud_failed with the local reason and each provider's",
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "models": p.model_map })).collect::<Vec<_>>(),
+            "alert": { "fallback_share": config.alerts.fallback_share, "window_ms": config.alerts.fallback_window_ms, "min_requests": config.alerts.fallback_min_requests },
+        },
         "classification": "category = X-Corral-Category header, else the listener's category, else the first category whose models patterns match the model, else \"default\"",
         "queue": {
             "order": "category priority (0 first), then origin (local listeners before remote), then arrival; a running request is never pre-empted",

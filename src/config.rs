@@ -946,6 +946,26 @@ model_map = { "llama3.1:8b" = "gpt-4o-mini" }
     }
 
     #[test]
+    fn cloud_settings_are_checked() {
+        let text = "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\nkind = \"openai\"\n\n[[categories]]\nname = \"default\"\ncloud = \"on-failure\"\n\n[[providers]]\nname = \"p\"\nbase_url = \"ftp://x\"\nsecret = \"Bad Name\"\nfirst_byte_timeout_ms = 0\n\n[alerts]\nfallback_share = 2.0\n";
+        let err = Config::parse(text).expect_err("broken cloud settings");
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        for want in [
+            "categories[0].providers",
+            "providers[0].base_url",
+            "providers[0].secret",
+            "providers[0].first_byte_timeout_ms",
+            "alerts.fallback_share",
+        ] {
+            assert!(paths.contains(&want), "{want} missing from {paths:?}");
+        }
+        assert!(!paths.iter().any(|p| p.starts_with("nodes")), "kind = openai is a valid node: {paths:?}");
+        let ok = "[[nodes]]\nname = \"a\"\nurl = \"https://gpu.example:443\"\n\n[[providers]]\nname = \"local-vllm\"\nbase_url = \"http://10.0.0.9:8000/v1\"\n";
+        let c = Config::parse(ok).unwrap_or_else(|e| panic!("https nodes and key-less providers are fine: {e}"));
+        assert_eq!(c.providers[0].first_byte_timeout_ms, 60_000);
+    }
+
+    #[test]
     fn unknown_fields_and_sections_are_named() {
         let err = Config::parse("[[nodes]]\nname = \"a\"\nurl = \"http://x:1\"\nwieght = 2\n[bogus]\nx = 1\n")
             .expect_err("typos");

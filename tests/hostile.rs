@@ -94,4 +94,49 @@ proptest! {
             Err(e) => prop_assert!(model.is_empty() || nest > 120, "only an empty model or too-deep nesting is refused: {e}"),
         }
     }
+
+    #[test]
+    fn translating_odd_ollama_requests_never_panics(
+        api in prop::sample::select(vec!["/api/chat", "/api/generate", "/api/embed", "/api/embeddings"]),
+        messages in prop::sample::select(vec![
+            "null", "[]", "\"hi\"", "[1]", "[{}]", "[{\"role\":5}]", "[{\"role\":\"user\",\"content\":[1]}]",
+            "[{\"role\":\"assistant\",\"tool_calls\":[{\"function\":7}]}]", "[{\"role\":\"tool\"}]",
+            "[{\"role\":\"user\",\"content\":\"x\",\"images\":[5,\"\"]}]",
+        ]),
+        options in prop::sample::select(vec!["null", "{}", "{\"num_predict\":-2}", "{\"stop\":5}", "{\"temperature\":\"hot\"}", "[1]", "{\"seed\":1e300}"]),
+        other in prop::sample::select(vec!["null", "1", "\"json\"", "{}", "[\"a\"]", "[[]]"]),
+    ) {
+        let body = format!(r#"{{"model":"m","messages":{messages},"options":{options},"format":{other},"prompt":{other},"input":{other},"system":{other},"tools":{other}}}"#);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
+        let api = corral::cloud::translate::Native::of(api).unwrap_or(corral::cloud::translate::Native::Chat);
+        let _ = corral::cloud::translate::request(api, &v, "m", corral::cloud::translate::Audience::Cloud);
+    }
+
+    #[test]
+    fn translating_random_upstream_streams_never_panics(chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..8)) {
+        let mut reply = corral::cloud::translate::Reply::native(
+            corral::cloud::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
+        for c in &chunks {
+            if reply.feed(c).is_err() {
+                break;
+            }
+        }
+        let _ = reply.end();
+        let mut whole = corral::cloud::translate::Reply::native(
+            corral::cloud::translate::Native::Generate, "m", tokio::time::Instant::now(), None);
+        let _ = whole.whole(&chunks.concat());
+    }
+
+    #[test]
+    fn near_valid_sse_events_never_panic(events in prop::collection::vec(prop::sample::select(vec![
+        "data: {}", "data: []", "data: {\"choices\":5}", "data: {\"choices\":[{\"delta\":null}]}",
+        "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":\"x\"}]}}]}", "data: [DONE]", ": comment",
+        "data: {\"usage\":{\"prompt_tokens\":-1}}", "event: x", "data: {\"error\":5}", "data:", "data: \u{0}",
+    ]), 0..10)) {
+        let mut reply = corral::cloud::translate::Reply::native(
+            corral::cloud::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
+        let wire: String = events.iter().map(|e| format!("{e}\n\n")).collect();
+        let _ = reply.feed(wire.as_bytes());
+        let _ = reply.end();
+    }
 }

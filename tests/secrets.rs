@@ -109,3 +109,92 @@ async fn keyring_admin_api_stores_values_it_never_returns() {
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("json")["code"], "secret_not_found");
 }
+
+/// The issue's scenario, as a user runs it: a key stored with `corral secret set`, every node
+/// down, a category that may fall back. The cloud sees that key, and only the cloud does.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a Secret Service: run by scripts/test inside dbus-run-session"]
+async fn keyring_key_reaches_the_cloud_during_fallback_and_nowhere_else() {
+    use common::process::Proc;
+    let canary = "sk-canary-fallback-5c1e";
+    let (code, _, err) = corral(&["secret", "set", "fallback-key"], Some(canary));
+    assert_eq!(code, 0, "{err}");
+    let cloud =
+        Proc::spawn(&["sim", "--port", "0", "--cloud", "--api-key", canary, "--models", "gpt-4o-mini", "--tps", "0"]);
+    let cloud_url = cloud.url("simulated Ollama node on");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr");
+    let dir = std::env::temp_dir().join(format!("corral-keyring-fallback-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let db = dir.join("corral.db");
+    let cfg = dir.join("corral.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[[listeners]]
+addr = "127.0.0.1:0"
+[admin]
+addr = "127.0.0.1:0"
+[store]
+path = "{db}"
+[[nodes]]
+name = "gpu0"
+url = "http://{dead}"
+[[categories]]
+name = "default"
+cloud = "on-failure"
+providers = ["cloudsim"]
+[[providers]]
+name = "cloudsim"
+base_url = "{cloud_url}/v1"
+secret = "fallback-key"
+model_map = {{ "llama3.2" = "gpt-4o-mini" }}
+"#,
+            db = db.display()
+        ),
+    )
+    .expect("config");
+    let serve = Proc::spawn_with(&["serve", "--config", cfg.to_str().unwrap_or_default()], "debug");
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{base}/api/chat"))
+        .json(&serde_json::json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    let text = r.text().await.expect("body");
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("ndjson")).collect();
+    assert!(lines.len() > 2, "streamed: {text}");
+    assert_eq!(lines.last().map(|l| l["done"].clone()), Some(Value::Bool(true)));
+    let seen: Value =
+        client.get(format!("{cloud_url}/_sim/received")).send().await.expect("sim").json().await.expect("json");
+    assert_eq!(seen[0]["bearer"], canary, "the cloud got the key stored with `corral secret set`");
+
+    // Nowhere else: logs (at debug), the store file, an export.
+    let (code, export, _) = corral(&["config", "export", "--config", cfg.to_str().unwrap_or_default()], None);
+    assert_eq!(code, 0);
+    assert!(export.contains("secret = \"fallback-key\"") && !export.contains(canary));
+    let store_bytes = || -> Vec<u8> {
+        ["", "-wal"]
+            .iter()
+            .flat_map(|suffix| std::fs::read(format!("{}{suffix}", db.display())).unwrap_or_default())
+            .collect()
+    };
+    let mut rows = 0;
+    for _ in 0..500 {
+        rows = store_bytes().windows(8).filter(|w| w == b"cloudsim").count();
+        if rows > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(rows > 0, "the fallback row reached the store file");
+    assert!(!store_bytes().windows(canary.len()).any(|w| w == canary.as_bytes()), "the store file leaks it");
+    let logs = serve.lines_so_far().join("\n");
+    assert!(logs.contains("answered by a cloud provider"), "debug logs were captured: {logs}");
+    assert!(!logs.contains(canary), "the logs leak the key");
+    let (code, _, _) = corral(&["secret", "delete", "fallback-key"], None);
+    assert_eq!(code, 0);
+}

@@ -15,9 +15,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(args: &[&str]) -> Proc {
+        Self::spawn_with(args, "info")
+    }
+
+    /// Spawn with `CORRAL_LOG` set to `log` (e.g. "debug", to check what logs may contain).
+    pub fn spawn_with(args: &[&str], log: &str) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
-            .env("CORRAL_LOG", "info")
+            .env("CORRAL_LOG", log)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -61,6 +66,11 @@ impl Proc {
         let line = self.wait_for(needle);
         let start = line.find("http://").unwrap_or_else(|| panic!("no URL in {line:?}"));
         line[start..].split_whitespace().next().unwrap_or_default().to_string()
+    }
+
+    /// Every line printed so far that `wait_for` has not consumed.
+    pub fn lines_so_far(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
     }
 
     pub fn signal(&self, sig: &str) {

@@ -75,3 +75,74 @@ def corral(request, sims):
         (url,) = proc.urls("Ollama API:")
     yield url
     proc.stop()
+
+
+def write_config(body):
+    """A config file with free loopback addresses and a store of its own, plus `body`."""
+    tmp = tempfile.mkdtemp(prefix="corral-py-")
+    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp}/corral.db\"\n\n" + body
+    path = os.path.join(tmp, "corral.toml")
+    with open(path, "w") as f:
+        f.write(cfg)
+    return path
+
+
+@pytest.fixture(scope="module")
+def fallback():
+    """`corral serve` whose only node is down, with a simulated OpenAI-compatible cloud that
+    `default` may fall back to. Yields (broker URL, cloud sim URL)."""
+    cloud = Proc("sim", "--port", "0", "--cloud", "--models", "gpt-4o-mini", "--tps", "0", "--ttft-ms", "0")
+    (cloud_url,) = cloud.urls("simulated Ollama node on")
+    path = write_config(
+        f"[[nodes]]\nname = \"gpu0\"\nurl = \"http://127.0.0.1:{free_port()}\"\n\n"
+        "[[categories]]\nname = \"default\"\ncloud = \"on-failure\"\nproviders = [\"cloudsim\"]\n\n"
+        "[[categories]]\nname = \"hr\"\ncloud = \"never\"\n\n"
+        f"[[providers]]\nname = \"cloudsim\"\nbase_url = \"{cloud_url}/v1\"\nmodel_map = {{ \"*\" = \"gpt-4o-mini\" }}\n"
+    )
+    proc = Proc("serve", "--config", path)
+    (url,) = proc.urls("serving the Ollama API on")
+    yield url, cloud_url
+    proc.stop()
+    cloud.stop()
+
+
+SHARED = os.environ.get("CORRAL_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared")
+
+
+@pytest.fixture(scope="module")
+def llamacpp():
+    """`corral serve` whose only node is a real llama.cpp server (kind = "openai") running a
+    generated tiny model (../shared/recipes/real-backend.md). Yields the broker URL."""
+    import sys
+
+    tmp = tempfile.mkdtemp(prefix="corral-llm-")
+    model = os.path.join(tmp, "tiny.gguf")
+    subprocess.run([sys.executable, os.path.join(SHARED, "recipes", "make_tiny_gguf.py"), model], check=True, capture_output=True)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, os.path.join(SHARED, "recipes", "serve_xllamacpp.py"), model, "--port", str(port), "--alias", "tiny", "--threads", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            raise RuntimeError("llama.cpp server did not come up")
+        time.sleep(0.1)
+    path = write_config(f"[[nodes]]\nname = \"llama\"\nurl = \"http://127.0.0.1:{port}\"\nkind = \"openai\"\n")
+    proc = Proc("serve", "--config", path)
+    (url,) = proc.urls("serving the Ollama API on")
+    yield url
+    proc.stop()
+    server.kill()
+    server.wait()
