@@ -104,9 +104,23 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/config/import", axum::routing::post(import_config))
         .route("/admin/secrets", get(list_secrets))
         .route("/admin/secrets/{name}", axum::routing::put(put_secret).delete(delete_secret))
+        .route("/admin/nodes/{name}/test", axum::routing::post(test_node))
+        .route("/admin/providers", get(list_providers).put(put_providers))
+        .route("/admin/providers/{name}/test", axum::routing::post(test_provider))
+        .route("/admin/models/pull", axum::routing::post(pull_model))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
-    Router::new().route("/healthz", get(healthz)).merge(protected).with_state(state)
+    Router::new()
+        .route("/healthz", get(healthz))
+        // The UI's static files: no data in them; every call they make needs the token.
+        .route("/", get(crate::ui::root))
+        .route("/ui/", get(crate::ui::index))
+        .route("/ui/{*file}", get(crate::ui::asset))
+        .merge(protected)
+        .with_state(state)
 }
+
+/// Routes that answer without the token: the liveness check and the UI's static files.
+pub const PUBLIC_ROUTES: &[(&str, &str)] = &[("GET", "/healthz"), ("GET", "/"), ("GET", "/ui/"), ("GET", "/ui/x")];
 
 /// Every protected (method, path) pair, for tests that must not let a route slip past the token.
 pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
@@ -131,6 +145,11 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("GET", "/admin/secrets"),
     ("PUT", "/admin/secrets/x"),
     ("DELETE", "/admin/secrets/x"),
+    ("POST", "/admin/nodes/x/test"),
+    ("GET", "/admin/providers"),
+    ("PUT", "/admin/providers"),
+    ("POST", "/admin/providers/x/test"),
+    ("POST", "/admin/models/pull"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -180,8 +199,10 @@ async fn status(State(s): State<AdminState>) -> Json<Value> {
     let nodes: Vec<Value> = s.shared.registry.all().iter().map(|n| node_json(n)).collect();
     let config = s.shared.config();
     let (share, requests) = s.shared.telemetry.fallback_share();
+    let stats = recent_stats(&s).await;
     Json(json!({
         "nodes": nodes,
+        "stats": stats,
         "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
@@ -193,6 +214,51 @@ async fn status(State(s): State<AdminState>) -> Json<Value> {
             "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "secret": p.secret })).collect::<Vec<_>>(),
         },
     }))
+}
+
+/// Per node (and `cluster`), over the last 15 minutes from the store: requests, latency
+/// p50/p95, time to first byte p50, and generation speed (completion tokens per second of
+/// streaming). What the UI's cards show beside the live state.
+async fn recent_stats(s: &AdminState) -> Value {
+    let Some(store) = s.shared.telemetry.store() else { return json!({}) };
+    let now_ms = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    let query = crate::store::Query { since_ms: Some(now_ms - 15 * 60_000), limit: Some(20_000), ..Default::default() };
+    let Ok(rows) = store.requests(&query).await else { return json!({}) };
+    let mut groups: std::collections::BTreeMap<String, Vec<&crate::store::RequestRow>> =
+        std::collections::BTreeMap::new();
+    for r in rows.iter().filter(|r| r.status != "running") {
+        groups
+            .entry(
+                r.node
+                    .clone()
+                    .or_else(|| r.fallback.as_ref().map(|p| format!("cloud:{p}")))
+                    .unwrap_or_else(|| "none".into()),
+            )
+            .or_default()
+            .push(r);
+        groups.entry("cluster".into()).or_default().push(r);
+    }
+    let summarize = |rows: &[&crate::store::RequestRow]| {
+        let mut total: Vec<f64> = rows.iter().filter_map(|r| r.total_ms).map(|v| v as f64).collect();
+        let mut ttfb: Vec<f64> = rows.iter().filter_map(|r| r.ttfb_ms).map(|v| v as f64).collect();
+        total.sort_by(f64::total_cmp);
+        ttfb.sort_by(f64::total_cmp);
+        let (tokens, gen_ms) =
+            rows.iter().fold((0i64, 0i64), |(t, ms), r| match (r.completion_tokens, r.total_ms, r.ttfb_ms) {
+                (Some(c), Some(total), Some(first)) if total > first => (t + c, ms + (total - first)),
+                _ => (t, ms),
+            });
+        let pct = |v: &[f64], p: f64| (!v.is_empty()).then(|| crate::charts::percentile(v, p));
+        json!({
+            "requests": rows.len(),
+            "errors": rows.iter().filter(|r| r.status == "error" || r.status == "interrupted").count(),
+            "p50_ms": pct(&total, 50.0),
+            "p95_ms": pct(&total, 95.0),
+            "ttfb_p50_ms": pct(&ttfb, 50.0),
+            "tokens_per_s": (gen_ms > 0).then(|| tokens as f64 * 1000.0 / gen_ms as f64),
+        })
+    };
+    Value::Object(groups.iter().map(|(k, v)| (k.clone(), summarize(v))).collect())
 }
 
 async fn list_nodes(State(s): State<AdminState>) -> Json<Value> {
@@ -324,6 +390,87 @@ async fn delete_category(State(s): State<AdminState>, Path(name): Path<String>) 
     }
     commit(&s, next)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Time one liveness probe of a node (the UI's "test latency" button).
+async fn test_node(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name: name.clone() })?;
+    let timeout = std::time::Duration::from_millis(s.shared.config().health.timeout_ms.max(1_000));
+    let started = std::time::Instant::now();
+    let ok = crate::health::probe_liveness(&s.shared.client, &node, timeout).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(Json(json!({ "name": name, "ok": ok, "ms": ms, "timeout_ms": timeout.as_millis() as u64 })))
+}
+
+async fn list_providers(State(s): State<AdminState>) -> Json<Value> {
+    let config = s.shared.config();
+    let needed: Vec<String> = config.providers.iter().map(|p| p.secret.clone()).filter(|n| !n.is_empty()).collect();
+    let states = tokio::task::spawn_blocking(move || {
+        needed
+            .into_iter()
+            .map(|n| {
+                let state = match crate::secrets::is_set(&n) {
+                    Ok(true) => "set",
+                    Ok(false) => "missing",
+                    Err(_) => "unknown",
+                };
+                (n, state)
+            })
+            .collect::<std::collections::HashMap<_, _>>()
+    })
+    .await
+    .unwrap_or_default();
+    Json(json!(config
+        .providers
+        .iter()
+        .map(|p| {
+            let mut v = json!(p);
+            v["secret_state"] =
+                json!(if p.secret.is_empty() { "none" } else { states.get(&p.secret).copied().unwrap_or("unknown") });
+            v
+        })
+        .collect::<Vec<_>>()))
+}
+
+async fn put_providers(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
+    let providers: Vec<crate::config::ProviderConfig> = parse(&body)?;
+    let mut next = Config::clone(&s.shared.config());
+    next.providers = providers;
+    commit(&s, next)?;
+    Ok(Json(json!(s.shared.config().providers)))
+}
+
+/// Ask a provider for one token with its key: does the URL, the key and the model map work?
+async fn test_provider(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let config = s.shared.config();
+    let p = config.providers.iter().find(|p| p.name == name).ok_or(AdminError::NotFound { kind: "provider", name })?;
+    let started = std::time::Instant::now();
+    let result = crate::cloud::probe(&s.shared, p).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(Json(match result {
+        Ok(model) => json!({ "name": p.name, "ok": true, "ms": ms, "model": model }),
+        Err(e) => json!({ "name": p.name, "ok": false, "ms": ms, "error": e }),
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PullRequest {
+    name: String,
+    #[serde(default)]
+    nodes: Vec<String>,
+}
+
+/// Pull a model onto the named nodes (all serving nodes when none are named), streaming each
+/// node's progress as NDJSON lines (`{"node": ..., "status": ..., "completed": ..., "total": ...}`).
+async fn pull_model(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Response, AdminError> {
+    let req: PullRequest = parse(&body)?;
+    for n in &req.nodes {
+        if s.shared.registry.get(n).is_none() {
+            return Err(AdminError::NotFound { kind: "node", name: n.clone() });
+        }
+    }
+    Ok(crate::proxy::pull(&s.shared, &req.name, &req.nodes).await.into_response())
 }
 
 async fn export_config(State(s): State<AdminState>) -> Response {
@@ -603,7 +750,7 @@ mod tests {
             src.lines().map(str::trim).filter(|l| l.starts_with(".route(\"") || l.contains("Router::new().route(\""))
         {
             let Some(path) = line.split('"').nth(1) else { continue };
-            let path = path.replace("{name}", "x").replace("{file}", "latency.svg");
+            let path = path.replace("{name}", "x").replace("{file}", "latency.svg").replace("{*file}", "x");
             for (word, method) in
                 [("get(", "GET"), ("post(", "POST"), ("put(", "PUT"), ("patch(", "PATCH"), ("delete(", "DELETE")]
             {
@@ -624,7 +771,7 @@ mod tests {
         let declared = declared_routes();
         assert!(declared.len() >= PROTECTED_ROUTES.len(), "the source scan found the routes: {declared:?}");
         for (method, path) in &declared {
-            if path == "/healthz" {
+            if super::PUBLIC_ROUTES.iter().any(|(m, p)| m == method && p == path) {
                 continue;
             }
             assert!(

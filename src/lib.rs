@@ -24,6 +24,7 @@ pub mod secrets;
 pub mod sim;
 pub mod store;
 pub mod telemetry;
+pub mod ui;
 
 pub use broker::{Broker, StartOptions};
 pub use config::Config;

@@ -346,6 +346,7 @@ async fn serve(config: Option<&Path>) -> ExitCode {
     };
     eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
     eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
+    eprintln!("Open the UI: http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
     wait_for_signal().await;
     broker.shutdown().await;
     ExitCode::SUCCESS
@@ -402,6 +403,7 @@ async fn demo(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> Exit
     println!("  Ollama API:  {url}");
     println!("  OpenAI API:  {url}/v1");
     println!("  Admin API:   http://{}  (Authorization: Bearer {})", broker.admin_addr(), broker.admin_token());
+    println!("  UI:          http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
     println!();
     println!("Try:");
     println!("  curl {url}/api/tags");

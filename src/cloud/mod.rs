@@ -241,6 +241,42 @@ async fn try_provider(
     Ok(response)
 }
 
+/// One tiny request to a provider with its key (the UI's "test" button). Returns the model
+/// that answered.
+pub async fn probe(shared: &Shared, p: &ProviderConfig) -> Result<String, String> {
+    let model =
+        p.model_map.get("*").or_else(|| p.model_map.values().next()).cloned().unwrap_or_else(|| "gpt-4o-mini".into());
+    let body =
+        serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": "ping" }], "max_tokens": 1 });
+    let key = if p.secret.is_empty() {
+        None
+    } else {
+        let name = p.secret.clone();
+        let got = tokio::task::spawn_blocking(move || crate::secrets::get(&name)).await.map_err(|e| e.to_string())?;
+        Some(got.map_err(|e| format!("API key: {e}"))?)
+    };
+    let base = url::Url::parse(&p.base_url).map_err(|e| format!("bad base_url ({e})"))?;
+    let client = shared.cloud_clients.get(p.connect_timeout_ms)?;
+    let mut req = client.post(openai_url(&base, "/chat/completions")).json(&body);
+    if let Some(k) = &key {
+        req = req.bearer_auth(k);
+    }
+    let resp = tokio::time::timeout(Duration::from_millis(p.first_byte_timeout_ms), req.send())
+        .await
+        .map_err(|_| format!("no answer within {} ms", p.first_byte_timeout_ms))?
+        .map_err(|e| format!("cannot reach it ({})", crate::proxy::root_cause(&e)))?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(model);
+    }
+    let text = crate::proxy::read_small(resp, Duration::from_secs(2)).await;
+    Err(format!(
+        "HTTP {} {}",
+        status.as_u16(),
+        translate::native_error(text.as_bytes())["error"].as_str().unwrap_or("").trim()
+    ))
+}
+
 /// The client's body from an OpenAI-compatible upstream's successful answer: translated (or
 /// restored) when `reply` says so, event by event for streams, whole otherwise.
 pub(crate) async fn answer_body(

@@ -372,6 +372,22 @@ async fn serve(
     Ok(response)
 }
 
+/// `/api/pull` of `model` onto `nodes` (all serving nodes when empty), with per-node progress:
+/// what `corral models pull` and the admin API's pull use.
+pub async fn pull(shared: &Shared, model: &str, nodes: &[String]) -> Response {
+    let mut headers = HeaderMap::new();
+    if !nodes.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&nodes.join(",")) {
+            headers.insert("x-corral-node", v);
+        }
+    }
+    let body = axum::body::Bytes::from(serde_json::json!({ "model": model, "stream": true }).to_string());
+    match fanout::model_op(shared, &Method::POST, "/api/pull", &headers, body, Some(model)).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
 async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum::body::Bytes, BrokerError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());

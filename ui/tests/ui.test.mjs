@@ -1,0 +1,144 @@
+// Every screen of the UI in a real browser against `corral serve` and real sims.
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { cluster, browser, open } from "./harness.mjs";
+
+let c, b;
+before(async () => {
+  c = await cluster();
+  b = await browser();
+});
+after(async () => {
+  await b?.close();
+  c?.stop();
+});
+
+test("the overview shows a card per node, and a killed node's card turns red", async () => {
+  const page = await open(b, c);
+  for (const n of ["gpu0", "gpu1", "gpu2"]) {
+    await page.waitForSelector(`.card[data-node=${n}][data-state=healthy]`, { timeout: 10000 });
+  }
+  c.sims[1].stop();
+  // The probe runs every 200 ms; one failure takes it down; the event stream refreshes the page.
+  await page.waitForSelector(`.card[data-node=gpu1][data-state=unhealthy]`, { timeout: 5000 });
+  const cls = await page.getAttribute(".card[data-node=gpu1]", "class");
+  assert.match(cls, /\bbad\b/, "the down card is drawn in the alarm colour");
+  assert.match(await page.textContent(".card[data-node=gpu1] .state"), /✖ down/);
+  assert.match(await page.textContent("[data-testid=summary]"), /2\/3 up · 1 down/);
+  await page.close();
+});
+
+test("disabling a node in the UI stops its traffic", async () => {
+  const page = await open(b, c, "nodes");
+  await page.uncheck("tr[data-node=gpu0] input[aria-label=enabled]");
+  await page.waitForSelector(".card, tr[data-node=gpu0]");
+  await page.waitForFunction(() => document.querySelector("tr[data-node=gpu0] td.state")?.textContent?.includes("disabled"), null, { timeout: 5000 });
+  const before = await c.received(0);
+  for (let i = 0; i < 12; i++) assert.equal((await c.chat()).status, 200);
+  assert.equal(await c.received(0), before, "gpu0 got nothing while disabled");
+  await page.check("tr[data-node=gpu0] input[aria-label=enabled]");
+  await page.waitForFunction(() => !document.querySelector("tr[data-node=gpu0] td.state")?.textContent?.includes("disabled"), null, { timeout: 5000 });
+  await page.close();
+});
+
+test("test latency colours each node's result", async () => {
+  const page = await open(b, c, "nodes");
+  await page.click("[data-testid=test-all]");
+  await page.waitForFunction(() => [...document.querySelectorAll("[data-testid=latency]")].every((td) => td.textContent && td.textContent !== "…"), null, { timeout: 5000 });
+  assert.match(await page.getAttribute("tr[data-node=gpu0] [data-testid=latency]", "class"), /\bok\b/);
+  assert.match(await page.textContent("tr[data-node=gpu1] [data-testid=latency]"), /failed/, "gpu1 is still down");
+  await page.close();
+});
+
+test("a rule edit changes routing, and a bad one points at the field and changes nothing", async () => {
+  const page = await open(b, c, "rules");
+  const row = "tr[data-category=default]";
+  await page.selectOption(`${row} select[aria-label=policy]`, "priority");
+  await page.fill(`${row} input[aria-label=order]`, "gpu2, gpu0");
+  await page.click("[data-testid=apply-rules]");
+  await page.waitForSelector(".good");
+  const before = await c.received(2);
+  for (let i = 0; i < 6; i++) await c.chat();
+  assert.equal(await c.received(2), before + 6, "priority sends everything to gpu2 first");
+
+  await page.fill(`${row} input[aria-label=order]`, "gpu9");
+  await page.click("[data-testid=apply-rules]");
+  await page.waitForSelector(`${row} .field-msg`);
+  assert.match(await page.textContent(`${row} .field-msg`), /no node named "gpu9"/);
+  const cats = await c.adminApi("GET", "/admin/categories");
+  assert.deepEqual(cats[0].order, ["gpu2", "gpu0"], "the running rules are untouched");
+  await page.close();
+});
+
+test("export then import round-trips, with a preview of what changes", async () => {
+  const page = await open(b, c, "share");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=export]")]);
+  const exported = readFileSync(await download.path(), "utf8");
+  assert.match(exported, /name = "gpu0"/);
+  // Someone removes a node; importing the shared file (merge) brings it back.
+  assert.equal(await c.adminApi("DELETE", "/admin/nodes/gpu1"), "");
+  const dir = mkdtempSync(join(tmpdir(), "corral-ui-share-"));
+  const file = join(dir, "team.toml");
+  writeFileSync(file, exported);
+  await page.setInputFiles("[data-testid=import-file]", file);
+  await page.waitForSelector("[data-testid=import-preview]");
+  assert.match(await page.textContent("[data-testid=import-preview]"), /\+ node gpu1 added/);
+  await page.click("[data-testid=apply-import]");
+  await page.waitForSelector(".good");
+  const nodes = await c.adminApi("GET", "/admin/nodes");
+  assert.deepEqual(nodes.map((n) => n.name).sort(), ["gpu0", "gpu1", "gpu2"]);
+  await page.close();
+});
+
+test("a bad import file shows its problems and changes nothing", async () => {
+  const page = await open(b, c, "share");
+  const before = await c.adminApi("GET", "/admin/config/export");
+  const dir = mkdtempSync(join(tmpdir(), "corral-ui-bad-"));
+  const file = join(dir, "broken.toml");
+  writeFileSync(file, `[[nodes]]\nname = "x"\nurl = "ftp://nowhere"\nweight = 0\n`);
+  await page.setInputFiles("[data-testid=import-file]", file);
+  await page.waitForSelector("[data-testid=import-problems]");
+  const text = await page.textContent("[data-testid=import-problems]");
+  assert.match(text, /nothing was changed/);
+  assert.match(text, /nodes\[0\]\.url/);
+  assert.match(text, /nodes\[0\]\.weight/);
+  assert.equal(await page.$("[data-testid=apply-import]"), null, "no way to apply it");
+  assert.equal(await c.adminApi("GET", "/admin/config/export"), before);
+  await page.close();
+});
+
+test("models: a pull lands on the ticked node only, with progress", async () => {
+  const page = await open(b, c, "models");
+  await page.fill("input[aria-label='model to pull']", "qwen3:4b");
+  await page.check("label:has-text('gpu0') input");
+  await page.click("form button.primary");
+  await page.waitForFunction(() => document.querySelector("[data-progress=gpu0]")?.textContent?.includes("success"), null, { timeout: 10000 });
+  assert.equal(await page.$("[data-progress=gpu2]"), null);
+  const tags = await (await fetch(c.urls[0] + "/api/tags")).json();
+  assert.ok(tags.models.some((m) => m.name.startsWith("qwen3:4b")));
+  const other = await (await fetch(c.urls[2] + "/api/tags")).json();
+  assert.ok(!other.models.some((m) => m.name.startsWith("qwen3:4b")), "gpu2 was not ticked");
+  await page.close();
+});
+
+test("providers: add one, see its key missing; requests list and CSV export", async () => {
+  const page = await open(b, c, "providers");
+  await page.fill("input[aria-label='provider name']", "openai");
+  await page.fill("input[aria-label='secret name']", "openai-key");
+  await page.click("form button.primary");
+  await page.waitForSelector("tr[data-provider=openai]");
+  assert.match(await page.textContent("tr[data-provider=openai]"), /\* → gpt-4o-mini/);
+  const providers = await c.adminApi("GET", "/admin/providers");
+  assert.equal(providers[0].secret, "openai-key");
+
+  await page.click("[data-screen=requests]");
+  await page.waitForSelector("[data-testid=requests] tbody tr td:has-text('/api/chat')");
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("text=Export CSV")]);
+  const csv = readFileSync(await download.path(), "utf8");
+  assert.match(csv.split("\n")[0], /^id,started_at,endpoint/);
+  assert.ok(csv.split("\n").length > 10, "the rows are there");
+  await page.close();
+});
