@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod admit;
+pub mod alerts;
 pub mod bench;
 pub mod breaker;
 pub mod broker;

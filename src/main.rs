@@ -38,6 +38,10 @@ enum Command {
         /// Config file; default: corral.toml in the platform config dir, or built-in defaults.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Raise desktop notifications (node down/back, failover storm, cloud fallback, failed
+        /// reloads) through the session's notification server.
+        #[arg(long)]
+        notify: bool,
     },
     /// Broker in front of simulated nodes on loopback: the zero-setup way to try Corral.
     Demo {
@@ -263,7 +267,7 @@ fn init_tracing(format: LogFormat) {
 
 async fn run(command: Command) -> ExitCode {
     match command {
-        Command::Serve { config } => serve(config.as_deref()).await,
+        Command::Serve { config, notify } => serve(config.as_deref(), notify).await,
         Command::Demo { port, nodes, admin_port, db } => demo(port, nodes, admin_port, db).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue, cloud, api_key, echo } => {
             let spec = SimSpec {
@@ -325,7 +329,7 @@ fn load_config(path: Option<&Path>) -> Result<(Config, String, Option<PathBuf>),
     }
 }
 
-async fn serve(config: Option<&Path>) -> ExitCode {
+async fn serve(config: Option<&Path>, notify: bool) -> ExitCode {
     let (config, source, watch) = match load_config(config) {
         Ok(c) => c,
         Err(code) => return code,
@@ -347,7 +351,14 @@ async fn serve(config: Option<&Path>) -> ExitCode {
     eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
     eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
     eprintln!("Open the UI: http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    let stop_notices = tokio_util::sync::CancellationToken::new();
+    if notify {
+        let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(corral::alerts::run(broker.shared().telemetry.subscribe(), muted, stop_notices.clone()));
+        tracing::info!("desktop notifications on");
+    }
     wait_for_signal().await;
+    stop_notices.cancel();
     broker.shutdown().await;
     ExitCode::SUCCESS
 }
