@@ -108,6 +108,7 @@ pub fn router(state: AdminState) -> Router {
         .route("/admin/providers", get(list_providers).put(put_providers))
         .route("/admin/providers/{name}/test", axum::routing::post(test_provider))
         .route("/admin/models/pull", axum::routing::post(pull_model))
+        .route("/admin/accepting", get(get_accepting).put(put_accepting))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
@@ -150,6 +151,8 @@ pub const PROTECTED_ROUTES: &[(&str, &str)] = &[
     ("PUT", "/admin/providers"),
     ("POST", "/admin/providers/x/test"),
     ("POST", "/admin/models/pull"),
+    ("GET", "/admin/accepting"),
+    ("PUT", "/admin/accepting"),
 ];
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -206,6 +209,7 @@ async fn status(State(s): State<AdminState>) -> Json<Value> {
         "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
+        "accepting": s.shared.accepting(),
         "fallback": {
             "share": share,
             "requests": requests,
@@ -471,6 +475,24 @@ async fn pull_model(State(s): State<AdminState>, body: axum::body::Bytes) -> Res
         }
     }
     Ok(crate::proxy::pull(&s.shared, &req.name, &req.nodes).await.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Accepting {
+    accepting: bool,
+}
+
+async fn get_accepting(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!({ "accepting": s.shared.accepting() }))
+}
+
+/// Pause (`{"accepting": false}`) or resume the broker: paused, new requests get 503 `paused`
+/// while running ones finish.
+async fn put_accepting(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
+    let a: Accepting = parse(&body)?;
+    s.shared.set_accepting(a.accepting);
+    Ok(Json(json!({ "accepting": s.shared.accepting() })))
 }
 
 async fn export_config(State(s): State<AdminState>) -> Response {

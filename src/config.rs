@@ -469,6 +469,11 @@ impl ConfigError {
     }
 }
 
+/// `corral.toml` in the platform config dir (`~/.config/corral/` on Linux).
+pub fn default_path() -> Option<std::path::PathBuf> {
+    directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
+}
+
 impl Config {
     /// Parse and validate a config text, reporting every problem with its line.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {

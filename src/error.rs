@@ -51,6 +51,8 @@ pub enum BrokerError {
     ClusterBusy,
     #[error("the broker is shutting down")]
     ShuttingDown,
+    #[error("the broker is paused by its operator and takes no new requests; try again later")]
+    Paused,
     #[error("upstream failed after {attempts} attempt(s): {detail}")]
     UpstreamFailed { attempts: u32, detail: String },
     #[error("upstream timed out after {attempts} attempt(s): {detail}")]
@@ -81,6 +83,7 @@ impl BrokerError {
             Self::ContextTooLong { .. } => "context_too_long",
             Self::ClusterBusy => "cluster_busy",
             Self::ShuttingDown => "shutting_down",
+            Self::Paused => "paused",
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BodyRead(_) => "body_read_failed",
@@ -105,6 +108,7 @@ impl BrokerError {
             | Self::QueueTimeout { .. }
             | Self::ClusterBusy
             | Self::CloudNotAllowed { .. }
+            | Self::Paused
             | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamFailed { .. } | Self::CloudFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -186,6 +190,7 @@ mod tests {
             BrokerError::ContextTooLong { estimated: 0, limit: 0 },
             BrokerError::ClusterBusy,
             BrokerError::ShuttingDown,
+            BrokerError::Paused,
             BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },
             BrokerError::UpstreamTimeout { attempts: 1, detail: String::new() },
             BrokerError::BodyRead(String::new()),

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use corral::config::{Config, NodeConfig};
-use corral::sim::{SimNode, SimSpec};
+use corral::config::Config;
+use corral::sim::SimSpec;
 use corral::{Broker, StartOptions};
 
 #[derive(Parser)]
@@ -304,7 +304,7 @@ async fn run(command: Command) -> ExitCode {
 
 /// The config file in the platform config dir (`~/.config/corral/corral.toml` on Linux).
 fn default_config_path() -> Option<PathBuf> {
-    directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
+    corral::config::default_path()
 }
 
 /// The config, where it came from (for the log), and the file to watch if there is one.
@@ -364,39 +364,19 @@ async fn serve(config: Option<&Path>, notify: bool) -> ExitCode {
 }
 
 async fn demo(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> ExitCode {
-    let catalog: [&[&str]; 3] = [
-        &["llama3.2:latest", "qwen2.5:7b", "nomic-embed-text:latest"],
-        &["llama3.2:latest", "nomic-embed-text:latest"],
-        &["llama3.2:latest", "qwen2.5:7b"],
-    ];
-    let mut sims = Vec::new();
     let mut config = Config::default();
     config.listeners[0].addr = SocketAddr::from(([127, 0, 0, 1], port)).to_string();
     config.admin.addr = SocketAddr::from(([127, 0, 0, 1], admin_port)).to_string();
     let db = db.unwrap_or_else(|| corral::store::default_path(&config.store).with_file_name("corral-demo.db"));
     config.store.path = Some(db.display().to_string());
-    config.nodes.clear();
-    for i in 0..n.max(1) {
-        let spec = SimSpec {
-            models: catalog[i % catalog.len()].iter().map(|s| s.to_string()).collect(),
-            tps: 40.0 + 10.0 * i as f64,
-            ttft: Duration::from_millis(120 + 40 * i as u64),
-            ..SimSpec::default()
-        };
-        let node = match SimNode::start(spec).await {
-            Ok(n) => n,
-            Err(e) => {
-                eprintln!("error: cannot start simulated node {i}: {e}");
-                return ExitCode::from(1);
-            }
-        };
-        config.nodes.push(NodeConfig {
-            name: format!("sim-{}", (b'a' + i as u8) as char),
-            url: node.url(),
-            ..NodeConfig::default()
-        });
-        sims.push(node);
-    }
+    let (sims, nodes) = match corral::sim::demo_nodes(n).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: cannot start the simulated nodes: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    config.nodes = nodes;
     let broker = match Broker::start(config, start_options()).await {
         Ok(b) => b,
         Err(e) => {

@@ -132,6 +132,22 @@ pub fn list() -> Result<Vec<String>, SecretError> {
     read_index()
 }
 
+/// The admin API's token, kept in the keyring so the desktop app hands the same one to its
+/// window on every start (and a person never types it). Created on first use; not listed
+/// among the provider secrets.
+pub fn admin_token() -> Result<String, SecretError> {
+    let entry = entry("admin-token")?;
+    match entry.get_password() {
+        Ok(t) if !t.is_empty() => Ok(t),
+        Ok(_) | Err(keyring::Error::NoEntry) => {
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            entry.set_password(&token).map_err(|e| map(e, "admin-token"))?;
+            Ok(token)
+        }
+        Err(e) => Err(map(e, "admin-token")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

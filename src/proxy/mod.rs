@@ -50,6 +50,8 @@ pub struct Shared {
     pub reload: Arc<Mutex<crate::reload::ReloadStatus>>,
     /// Clients for cloud providers (per connect timeout).
     pub cloud_clients: crate::cloud::Clients,
+    /// False while an operator has paused the broker: new requests get 503 `paused`.
+    accepting: std::sync::atomic::AtomicBool,
     seed: Option<u64>,
     rng: Mutex<SmallRng>,
 }
@@ -94,6 +96,7 @@ impl Shared {
             telemetry,
             reload: Arc::default(),
             cloud_clients: crate::cloud::Clients::default(),
+            accepting: std::sync::atomic::AtomicBool::new(true),
             seed,
             rng: Mutex::new(rng),
         }
@@ -141,6 +144,18 @@ impl Shared {
         self.telemetry.set_alerts(next.alerts.clone());
         self.config.store(Arc::new(next));
         self.admission.dispatch();
+    }
+
+    /// Pause or resume taking new requests (running ones always finish).
+    pub fn set_accepting(&self, on: bool) {
+        let was = self.accepting.swap(on, std::sync::atomic::Ordering::AcqRel);
+        if was != on {
+            tracing::warn!(accepting = on, "broker {}", if on { "resumed" } else { "paused: new requests get 503" });
+        }
+    }
+
+    pub fn accepting(&self) -> bool {
+        self.accepting.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn rng(&self) -> MutexGuard<'_, SmallRng> {
@@ -286,6 +301,9 @@ async fn serve(
     let Some(endpoint) = classify(&parts.method, &path) else {
         return Err((BrokerError::UnknownRoute { method: parts.method.to_string(), path }, 0));
     };
+    if !shared.accepting() && endpoint != Endpoint::Root {
+        return Err((BrokerError::Paused, 0));
+    }
     if endpoint == Endpoint::Root {
         return Ok((http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
             .into_response());

@@ -333,6 +333,34 @@ async fn restart(shared: &Arc<Shared>) -> std::io::Result<()> {
 }
 
 /// Start several nodes, for `corral sim --nodes N` and the demo.
+/// The demo cluster: `n` simulated nodes with different models and speeds, named sim-a,
+/// sim-b, ... (what `corral demo` and the desktop app run when there is nothing to front).
+pub async fn demo_nodes(n: usize) -> std::io::Result<(Vec<SimNode>, Vec<crate::config::NodeConfig>)> {
+    let catalog: [&[&str]; 3] = [
+        &["llama3.2:latest", "qwen2.5:7b", "nomic-embed-text:latest"],
+        &["llama3.2:latest", "nomic-embed-text:latest"],
+        &["llama3.2:latest", "qwen2.5:7b"],
+    ];
+    let mut sims = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..n.clamp(1, 26) {
+        let spec = SimSpec {
+            models: catalog[i % catalog.len()].iter().map(|s| s.to_string()).collect(),
+            tps: 40.0 + 10.0 * i as f64,
+            ttft: Duration::from_millis(120 + 40 * i as u64),
+            ..SimSpec::default()
+        };
+        let node = SimNode::start(spec).await?;
+        nodes.push(crate::config::NodeConfig {
+            name: format!("sim-{}", (b'a' + i as u8) as char),
+            url: node.url(),
+            ..crate::config::NodeConfig::default()
+        });
+        sims.push(node);
+    }
+    Ok((sims, nodes))
+}
+
 pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
