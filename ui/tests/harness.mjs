@@ -29,7 +29,8 @@ export function proc(args, env = {}) {
       return new Promise((ok, fail) => {
         const timer = setTimeout(() => fail(new Error(`no line with ${needle} in: ${seen}`)), timeoutMs);
         const check = () => {
-          const line = seen.split("\n").find((l) => l.includes(needle) && /http:\/\/[0-9.:]+/.test(l));
+          // Complete lines only: output arrives in chunks that may end mid-URL.
+          const line = seen.split("\n").slice(0, -1).find((l) => l.includes(needle) && /http:\/\/[0-9.:]+/.test(l));
           if (line) {
             clearTimeout(timer);
             waiters.splice(waiters.indexOf(check), 1);
