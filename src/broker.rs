@@ -9,7 +9,6 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,6 +53,23 @@ pub fn tuning(config: &Config) -> crate::node::NodeTuning {
         slow_start: std::time::Duration::from_millis(config.health.slow_start_ms),
         latency_decay: std::time::Duration::from_secs(10),
     }
+}
+
+/// The keys a listener accepts, read from the keyring once at start: (client name, key).
+/// A key that cannot be read is left out (and said so), so the listener fails closed.
+async fn load_client_keys(l: &crate::config::ListenerConfig) -> Vec<(String, String)> {
+    let mut keys = Vec::new();
+    for name in &l.api_keys {
+        let n = name.clone();
+        match tokio::task::spawn_blocking(move || crate::secrets::get(&n)).await {
+            Ok(Ok(v)) => keys.push((name.clone(), v)),
+            Ok(Err(e)) => {
+                tracing::error!(listener = %l.addr, client = %name, error = %e, "client API key not loaded: that client will be refused")
+            }
+            Err(e) => tracing::error!(listener = %l.addr, client = %name, error = %e, "client API key lookup failed"),
+        }
+    }
+    keys
 }
 
 /// Knobs for tests and the demo that are not part of the config file.
@@ -149,22 +165,21 @@ impl Broker {
             options.seed,
         ));
 
+        let header_timeout = std::time::Duration::from_millis(shared.config().proxy.header_read_timeout_ms);
         let mut proxy_addrs = Vec::new();
         for (listener, lc) in bound {
             let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
             proxy_addrs.push(addr);
-            let app = proxy::router(ProxyState { shared: Arc::clone(&shared), listener: Arc::new(lc.clone()) });
+            let keys = Arc::new(load_client_keys(&lc).await);
+            let app = proxy::router(ProxyState {
+                shared: Arc::clone(&shared),
+                listener: Arc::new(lc.clone()),
+                client_keys: keys,
+            });
             let stop = cancel.clone();
             tracker.spawn(async move {
-                tracing::info!(%addr, origin = ?lc.origin, "proxy listening");
-                // Small writes (a token, a chunk terminator) must not wait for Nagle + delayed ACK.
-                let listener = listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                let serve = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
-                if let Err(e) = serve.await {
-                    tracing::error!(%addr, error = %e, "proxy listener failed");
-                }
+                tracing::info!(%addr, origin = ?lc.origin, api_keys = lc.api_keys.len(), "proxy listening");
+                crate::server::serve(listener, app, header_timeout, stop).await;
             });
         }
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
@@ -175,13 +190,7 @@ impl Broker {
         let stop = cancel.clone();
         tracker.spawn(async move {
             tracing::info!(addr = %admin_addr, "admin API listening");
-            let admin_listener = admin_listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            let serve = axum::serve(admin_listener, admin_app).with_graceful_shutdown(stop.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::error!(addr = %admin_addr, error = %e, "admin listener failed");
-            }
+            crate::server::serve(admin_listener, admin_app, header_timeout, stop).await;
         });
         if let Some(path) = options.config_path {
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {

@@ -69,11 +69,16 @@ pub struct ListenerConfig {
     pub origin: Origin,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<String>,
+    /// When not empty, every request on this listener must carry `Authorization: Bearer <key>`
+    /// with one of these keys. Each entry names a keyring secret (`corral secret set NAME`)
+    /// holding one client's key, so a client is revoked by deleting its secret.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<String>,
 }
 
 impl Default for ListenerConfig {
     fn default() -> Self {
-        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None }
+        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None, api_keys: Vec::new() }
     }
 }
 
@@ -269,6 +274,8 @@ pub struct ProxyConfig {
     pub default_num_ctx: u64,
     /// Refuse prompts that cannot fit the context instead of letting Ollama truncate them.
     pub context_guard: bool,
+    /// A client must send its request headers within this (slowloris protection).
+    pub header_read_timeout_ms: u64,
 }
 
 impl Default for ProxyConfig {
@@ -281,6 +288,7 @@ impl Default for ProxyConfig {
             drain_timeout_ms: 30_000,
             default_num_ctx: 4096,
             context_guard: true,
+            header_read_timeout_ms: 10_000,
         }
     }
 }
@@ -575,6 +583,14 @@ impl Config {
                     }
                 }
             }
+            for (j, k) in l.api_keys.iter().enumerate() {
+                if crate::secrets::check_name(k).is_err() {
+                    push(
+                        format!("listeners[{i}].api_keys[{j}]"),
+                        format!("\"{k}\" is not a secret name (a-z, 0-9, '-', '_', '.')"),
+                    );
+                }
+            }
             if let Some(c) = &l.category {
                 if !self.categories.iter().any(|k| &k.name == c) {
                     push(format!("listeners[{i}].category"), format!("no category named \"{c}\""));
@@ -701,6 +717,7 @@ impl Config {
             ("store.retention_interval_ms", self.store.retention_interval_ms),
             ("queue.max_bytes", self.queue.max_bytes as u64),
             ("proxy.default_num_ctx", self.proxy.default_num_ctx),
+            ("proxy.header_read_timeout_ms", self.proxy.header_read_timeout_ms),
             ("retry.max_attempts", u64::from(self.retry.max_attempts)),
         ] {
             if v == 0 {
@@ -1098,7 +1115,13 @@ pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Ve
 
 /// Secret names a config refers to (values live in the OS keyring, never in the file).
 pub fn secret_names(config: &Config) -> Vec<String> {
-    let mut names: Vec<String> = config.providers.iter().map(|p| p.secret.clone()).filter(|s| !s.is_empty()).collect();
+    let mut names: Vec<String> = config
+        .providers
+        .iter()
+        .map(|p| p.secret.clone())
+        .chain(config.listeners.iter().flat_map(|l| l.api_keys.iter().cloned()))
+        .filter(|s| !s.is_empty())
+        .collect();
     names.sort();
     names.dedup();
     names

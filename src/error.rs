@@ -53,6 +53,8 @@ pub enum BrokerError {
     ShuttingDown,
     #[error("the broker is paused by its operator and takes no new requests; try again later")]
     Paused,
+    #[error("this listener needs a client API key: send Authorization: Bearer <key>")]
+    Unauthorized,
     #[error("upstream failed after {attempts} attempt(s): {detail}")]
     UpstreamFailed { attempts: u32, detail: String },
     #[error("upstream timed out after {attempts} attempt(s): {detail}")]
@@ -84,6 +86,7 @@ impl BrokerError {
             Self::ClusterBusy => "cluster_busy",
             Self::ShuttingDown => "shutting_down",
             Self::Paused => "paused",
+            Self::Unauthorized => "unauthorized",
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BodyRead(_) => "body_read_failed",
@@ -100,6 +103,7 @@ impl BrokerError {
             | Self::BadHeader { .. }
             | Self::BodyRead(_)
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
@@ -191,6 +195,7 @@ mod tests {
             BrokerError::ClusterBusy,
             BrokerError::ShuttingDown,
             BrokerError::Paused,
+            BrokerError::Unauthorized,
             BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },
             BrokerError::UpstreamTimeout { attempts: 1, detail: String::new() },
             BrokerError::BodyRead(String::new()),

@@ -22,6 +22,7 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod secrets;
+pub mod server;
 pub mod sim;
 pub mod store;
 pub mod telemetry;

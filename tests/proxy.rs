@@ -558,3 +558,18 @@ async fn a_stale_model_list_is_corrected_by_the_nodes_own_404() {
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("json")["code"], "model_not_found");
 }
+
+#[tokio::test]
+async fn a_client_that_trickles_its_headers_is_cut_off_and_others_are_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = cluster(1).config(|cfg| cfg.proxy.header_read_timeout_ms = 300).start().await;
+    let mut slow = tokio::net::TcpStream::connect(c.broker.proxy_addr()).await.expect("connect");
+    slow.write_all(b"POST /api/chat HTTP/1.1\r\nHost: corral\r\nContent-Type: app").await.expect("write part");
+    // The server must end this connection on its own; bounded so a regression fails, not hangs.
+    let mut buf = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(10), slow.read_to_end(&mut buf)).await;
+    assert!(ended.is_ok(), "the trickling connection was never closed");
+    let head = String::from_utf8_lossy(&buf);
+    assert!(buf.is_empty() || head.starts_with("HTTP/1.1 408"), "closed, at most with a 408: {head:?}");
+    assert_eq!(c.chat("llama3.2", false).await.status(), 200, "everyone else is served");
+}

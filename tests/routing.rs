@@ -26,7 +26,11 @@ async fn local_before_remote_without_preempting_the_running_request() {
     let c = cluster(1)
         .config(|cfg| {
             cfg.nodes[0].max_concurrency = 1;
-            cfg.listeners.push(ListenerConfig { addr: "127.0.0.1:0".into(), origin: Origin::Remote, category: None });
+            cfg.listeners.push(ListenerConfig {
+                addr: "127.0.0.1:0".into(),
+                origin: Origin::Remote,
+                ..ListenerConfig::default()
+            });
         })
         .start()
         .await;

@@ -198,3 +198,44 @@ model_map = {{ "llama3.2" = "gpt-4o-mini" }}
     let (code, _, _) = corral(&["secret", "delete", "fallback-key"], None);
     assert_eq!(code, 0);
 }
+
+/// A listener with `api_keys`: each client's key lives in the keyring; no key, a wrong key or a
+/// deleted client's key gets 401 before anything is forwarded, and the key never reaches a node.
+#[tokio::test]
+#[ignore = "needs a Secret Service: run by scripts/test inside dbus-run-session"]
+async fn keyring_client_keys_guard_a_remote_listener() {
+    use corral::config::{ListenerConfig, Origin};
+    corral::secrets::set("client-team-a", "key-team-a-0d41").expect("stored");
+    let c = cluster(1)
+        .config(|cfg| {
+            cfg.listeners.push(ListenerConfig {
+                addr: "127.0.0.1:0".into(),
+                origin: Origin::Remote,
+                api_keys: vec!["client-team-a".into(), "client-gone".into()],
+                ..ListenerConfig::default()
+            })
+        })
+        .start()
+        .await;
+    let remote = c.url_on(1, "/api/chat");
+    let body =
+        serde_json::json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
+    for key in [None, Some("wrong"), Some("")] {
+        let mut req = c.client.post(&remote).json(&body);
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let r = req.send().await.expect("answer");
+        assert_eq!(r.status(), 401, "key {key:?}");
+        assert_eq!(r.headers()["x-corral-forwarded"], "false");
+        assert_eq!(r.json::<Value>().await.expect("json")["code"], "unauthorized");
+    }
+    assert_eq!(c.sims[0].inference_count(), 0, "nothing reached the node");
+    let r = c.client.post(&remote).bearer_auth("key-team-a-0d41").json(&body).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    let seen = c.sims[0].received();
+    assert!(seen.iter().all(|r| r.bearer.is_none()), "the client's key stays with Corral: {seen:?}");
+    // The local listener has no keys: it answers as before.
+    assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+    corral::secrets::delete("client-team-a").expect("deleted");
+}

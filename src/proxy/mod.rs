@@ -174,6 +174,9 @@ impl Shared {
 pub struct ProxyState {
     pub shared: Arc<Shared>,
     pub listener: Arc<ListenerConfig>,
+    /// (client name, key) pairs this listener accepts; checked only when the listener names
+    /// `api_keys`.
+    pub client_keys: Arc<Vec<(String, String)>>,
 }
 
 pub fn router(state: ProxyState) -> axum::Router {
@@ -246,6 +249,20 @@ pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value)
     Ok((model, stream, value))
 }
 
+/// The client whose key the request carries (`Authorization: Bearer <key>`), compared in
+/// constant time against every key so timing tells nothing about which one almost matched.
+fn client_of<'a>(keys: &'a [(String, String)], headers: &HeaderMap) -> Option<&'a str> {
+    use subtle::ConstantTimeEq;
+    let given = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim().as_bytes();
+    let mut found = None;
+    for (name, key) in keys {
+        if bool::from(key.as_bytes().ct_eq(given)) {
+            found = Some(name.as_str());
+        }
+    }
+    found
+}
+
 fn request_id(headers: &HeaderMap) -> String {
     headers
         .get("x-request-id")
@@ -296,7 +313,13 @@ async fn serve(
 ) -> Result<Response, (BrokerError, u32)> {
     let shared = &state.shared;
     let config = shared.config();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    if !state.listener.api_keys.is_empty() {
+        let client = client_of(&state.client_keys, &parts.headers).ok_or((BrokerError::Unauthorized, 0))?;
+        tracing::debug!(request_id = %id, client, "client key accepted");
+        // The client's key is for Corral, never for a node.
+        parts.headers.remove(header::AUTHORIZATION);
+    }
     let path = parts.uri.path().to_string();
     let Some(endpoint) = classify(&parts.method, &path) else {
         return Err((BrokerError::UnknownRoute { method: parts.method.to_string(), path }, 0));
@@ -533,6 +556,21 @@ mod tests {
         assert!(err.to_string().contains("default, embedding"), "lists the known ones: {err}");
         let l = ListenerConfig { category: Some("embedding".into()), ..ListenerConfig::default() };
         assert_eq!(categorize(&config, &l, &none, Some("llama3.2")).ok().as_deref(), Some("embedding"));
+    }
+
+    #[test]
+    fn client_keys_name_their_client_and_nothing_else_passes() {
+        let keys = vec![("team-a".to_string(), "key-a".to_string()), ("team-b".to_string(), "key-b".to_string())];
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
+            h
+        };
+        assert_eq!(client_of(&keys, &with("Bearer key-b")), Some("team-b"));
+        assert_eq!(client_of(&keys, &with("Bearer key-")), None, "a prefix is not a key");
+        assert_eq!(client_of(&keys, &with("key-a")), None, "only bearer tokens");
+        assert_eq!(client_of(&keys, &HeaderMap::new()), None);
+        assert_eq!(client_of(&[], &with("Bearer ")), None, "no keys loaded: nobody passes");
     }
 
     #[test]
