@@ -21,7 +21,9 @@ use tower::ServiceExt;
 pub async fn serve(listener: TcpListener, app: axum::Router, header_read_timeout: Duration, stop: CancellationToken) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+    // Many clients multiplex over a few h2c connections: let a connection carry as many
+    // requests as the queue can hold, not h2's conservative default.
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(4096);
     let graceful = GracefulShutdown::new();
     loop {
         let (tcp, peer) = tokio::select! {

@@ -106,6 +106,16 @@ async fn a_node_sigkilled_under_mixed_load() {
     }
     assert_eq!(streamed.0 + streamed.1, 30);
     assert!(streamed.1 > 0, "some streams were on the killed node mid-answer: {streamed:?}");
+    report(Figures {
+        scenario: "node SIGKILLed under load",
+        load: "60 concurrent (half streamed), 3 nodes",
+        faults: "n0 killed with 3+ streams mid-answer on it",
+        sent: 60,
+        ok: 30 + streamed.0,
+        failed: 0,
+        interrupted: streamed.1,
+        note: "every non-streamed request succeeded; every stream ended whole or with the error line, none with a fake done",
+    });
     // After the kill everything works.
     for i in 0..10 {
         assert!(matches!(ask(&client, &base, i % 2 == 0, 1000 + i).await, Seen::Complete));
@@ -194,6 +204,17 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
     let crashed: Vec<_> = rows.iter().filter(|r| r.id.starts_with("open-")).collect();
     assert_eq!(crashed.len(), 10, "every request that was running has a row");
     assert!(crashed.iter().all(|r| r.status == "unknown"), "running at the crash -> unknown, never ok: {crashed:?}");
+    report(Figures {
+        scenario: "broker SIGKILLed under load, restarted",
+        load: "20 finished + 10 streams running, 2 nodes",
+        faults: "the broker process killed",
+        sent: 30,
+        ok: 20,
+        failed: 0,
+        interrupted: 10,
+        note:
+            "PRAGMA integrity_check = ok; 20/20 finished rows present and ok; 10 running rows now unknown; 0 rows lost",
+    });
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -235,4 +256,352 @@ async fn a_flapping_node_costs_clients_under_one_percent_errors() {
         seen.len(),
         seen.iter().find(|s| !matches!(s, Seen::Complete))
     );
+    report(Figures {
+        scenario: "flapping node",
+        load: "600 requests in rounds of 10 (half streamed), 3 nodes",
+        faults: "n0 fails everything every other 2 probes",
+        sent: seen.len(),
+        ok: seen.len() - errors,
+        failed: errors,
+        interrupted: 0,
+        note: &format!(
+            "n0 was sent {asked} and answered {answered}; client error rate {:.2}%",
+            errors as f64 * 100.0 / seen.len() as f64
+        ),
+    });
+}
+
+/// One scenario's figures, printed as a line for docs/RELIABILITY.md
+/// (`cargo test --test chaos -- --nocapture`).
+struct Figures<'a> {
+    scenario: &'a str,
+    load: &'a str,
+    faults: &'a str,
+    sent: usize,
+    ok: usize,
+    failed: usize,
+    interrupted: usize,
+    note: &'a str,
+}
+
+fn report(f: Figures<'_>) {
+    println!(
+        "RELIABILITY | {} | {} | {} | {} | {} | {} | {} | {} |",
+        f.scenario, f.load, f.faults, f.sent, f.ok, f.failed, f.interrupted, f.note
+    );
+}
+
+async fn post_faults(client: &reqwest::Client, url: &str, faults: Value) {
+    let r = client.post(format!("{url}/_sim/faults")).json(&faults).send().await.expect("control");
+    assert_eq!(r.status(), 204);
+}
+
+fn config_with(name: &str, nodes: &[String], extra: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let db = std::env::temp_dir().join(format!("corral-chaos-{}-{name}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+    let path = config(name, nodes, &db, "127.0.0.1:0");
+    let mut text = std::fs::read_to_string(&path).expect("read");
+    text += extra;
+    std::fs::write(&path, text).expect("write");
+    (path, db)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_hanging_before_the_first_byte_fails_over_within_the_timeout() {
+    let sims: Vec<Proc> = (0..3)
+        .map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "32"]))
+        .collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let (cfg, _) = config_with(
+        "hang",
+        &urls,
+        "[proxy]\nfirst_byte_timeout_ms = 400\n\n[retry]\nbackoff_base_ms = 1\nbackoff_cap_ms = 5\n",
+    );
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    post_faults(&client, &urls[0], json!({"hang": true})).await;
+    let started = std::time::Instant::now();
+    let load: Vec<_> = (0..60)
+        .map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move {
+                let t = std::time::Instant::now();
+                (ask(&client, &base, i % 2 == 0, i).await, t.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    let mut ok = 0;
+    for t in load {
+        let (seen, took) = t.await.expect("task");
+        assert!(matches!(seen, Seen::Complete), "every request completes elsewhere: {seen:?}");
+        ok += 1;
+        slowest = slowest.max(took);
+    }
+    let hung: Vec<Value> =
+        client.get(format!("{}/_sim/received", urls[0])).send().await.expect("sim").json().await.expect("json");
+    let sent_to_hung = hung.iter().filter(|r| r["path"] == "/api/generate").count();
+    assert!(sent_to_hung > 0, "some requests went to the hanging node first");
+    // Each failed over after one first-byte timeout (400 ms), not after the client gave up.
+    assert!(slowest < Duration::from_millis(400) * 5, "slowest {slowest:?}");
+    report(Figures {
+        scenario: "node hangs before the first byte",
+        load: "60 concurrent (half streamed), 3 nodes",
+        faults: "n0 never answers; first_byte_timeout 400 ms",
+        sent: 60,
+        ok,
+        failed: 60 - ok,
+        interrupted: 0,
+        note: &format!(
+            "{sent_to_hung} tried n0 first; slowest answer {} ms; wall {} ms",
+            slowest.as_millis(),
+            started.elapsed().as_millis()
+        ),
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_cut_mid_stream_interrupts_its_clients_and_runs_nothing_twice() {
+    let sims: Vec<Proc> = (0..3)
+        .map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "32"]))
+        .collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let (cfg, db) = config_with("cut", &urls, "");
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    post_faults(&client, &urls[0], json!({"cut_after": 3})).await;
+    let load: Vec<_> = (0..60)
+        .map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move { (i % 2 == 0, ask(&client, &base, i % 2 == 0, i).await) })
+        })
+        .collect();
+    let (mut ok, mut interrupted, mut broken) = (0, 0, 0);
+    for t in load {
+        match t.await.expect("task") {
+            (_, Seen::Complete) => ok += 1,
+            (true, Seen::Interrupted) => interrupted += 1,
+            // A single JSON document cannot carry an error line: its connection is cut instead.
+            (false, Seen::Other(s)) if s.starts_with("body:") || s.contains("0 done lines") => broken += 1,
+            (stream, other) => panic!("stream={stream}: {other:?}"),
+        }
+    }
+    assert!(interrupted > 0, "streams on n0 were cut");
+    // Executed once each: after the first byte nothing is retried.
+    let mut executed = 0;
+    for u in &urls {
+        let r: Vec<Value> =
+            client.get(format!("{u}/_sim/received")).send().await.expect("sim").json().await.expect("json");
+        executed += r.iter().filter(|r| r["path"] == "/api/generate").count();
+    }
+    assert_eq!(executed, 60, "no request ran twice");
+    // The records say so.
+    let pool = corral::store::open_pool(&db, true).await.expect("store");
+    let mut rows = Vec::new();
+    for _ in 0..500 {
+        rows = corral::store::query_requests(&pool, &corral::store::Query { limit: Some(1000), ..Default::default() })
+            .await
+            .expect("query");
+        if rows.iter().filter(|r| r.status != "running").count() >= 60 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let recorded_interrupted = rows.iter().filter(|r| r.status == "interrupted").count();
+    assert_eq!(recorded_interrupted, interrupted + broken, "every cut answer is recorded as interrupted");
+    report(Figures {
+        scenario: "node cut mid-stream",
+        load: "60 concurrent (half streamed), 3 nodes",
+        faults: "n0 breaks every answer after 3 chunks",
+        sent: 60,
+        ok,
+        failed: broken,
+        interrupted,
+        note: &format!("60 executions for 60 requests; {recorded_interrupted} rows interrupted; 0 rows lost"),
+    });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn all_nodes_down_falls_back_where_allowed_and_refuses_where_not() {
+    let sims: Vec<Proc> = (0..3).map(|_| Proc::spawn(&["sim", "--port", "0", "--tps", "0"])).collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let cloud =
+        Proc::spawn(&["sim", "--port", "0", "--cloud", "--models", "gpt-4o-mini", "--tps", "0", "--ttft-ms", "0"]);
+    let cloud_url = cloud.url("simulated Ollama node on");
+    let extra = format!(
+        "[[categories]]\nname = \"default\"\ncloud = \"on-failure\"\nproviders = [\"cloudsim\"]\n\n[[categories]]\nname = \"hr\"\n\n\
+         [[providers]]\nname = \"cloudsim\"\nbase_url = \"{cloud_url}/v1\"\nmodel_map = {{ \"*\" = \"gpt-4o-mini\" }}\n"
+    );
+    let (cfg, _) = config_with("alldown", &urls, &extra);
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    drop(sims);
+    let client = reqwest::Client::new();
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move {
+                let hr = i % 2 == 1;
+                let mut req = client.post(format!("{base}/api/generate")).json(
+                    &json!({"model": "llama3.2", "prompt": format!("q{i}"), "stream": i % 4 < 2, "options": {"num_predict": 5}}),
+                );
+                if hr {
+                    req = req.header("x-corral-category", "hr");
+                }
+                let r = req.send().await.expect("answer");
+                let status = r.status().as_u16();
+                let fallback = r.headers().get("x-corral-fallback").is_some();
+                let forwarded = r.headers().get("x-corral-forwarded").map(|v| v.as_bytes().to_vec());
+                let text = r.text().await.unwrap_or_default();
+                (hr, status, fallback, forwarded, text)
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for t in tasks {
+        let (hr, status, fallback, forwarded, text) = t.await.expect("task");
+        if hr {
+            assert_eq!(status, 503, "{text}");
+            assert_eq!(forwarded.as_deref(), Some(&b"false"[..]));
+            assert!(text.contains("cloud_not_allowed"), "{text}");
+            refused += 1;
+        } else {
+            assert_eq!(status, 200, "{text}");
+            assert!(fallback && text.contains("\"done\":true"), "{text}");
+            ok += 1;
+        }
+    }
+    let seen: Vec<Value> =
+        client.get(format!("{cloud_url}/_sim/received")).send().await.expect("sim").json().await.expect("json");
+    assert_eq!(seen.len(), 20, "only the on-failure half reached the cloud");
+    report(Figures {
+        scenario: "all nodes down",
+        load: "40 concurrent: 20 on-failure, 20 never (cloud); half streamed",
+        faults: "3 nodes killed; a cloud sim as provider",
+        sent: 40,
+        ok,
+        failed: 0,
+        interrupted: 0,
+        note: &format!("{ok} answered by the cloud with X-Corral-Fallback; {refused} got 503 cloud_not_allowed forwarded=false; cloud saw {}", seen.len()),
+    });
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_thousand_requests_against_a_saturated_cluster_stay_bounded() {
+    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "64"]);
+    let url = sim.url("simulated Ollama node on");
+    let nodes = [url.clone()];
+    let (cfg, _) = config_with(
+        "flood",
+        &nodes,
+        // The queue timeout outlasts the arrival of all 10,000, so the queue holds exactly its
+        // bound while the rest overflow.
+        "[queue]\nmax_requests = 1000\n\n[[categories]]\nname = \"default\"\nqueue_timeout_ms = 20000\n",
+    );
+    let text = std::fs::read_to_string(&cfg).expect("read").replace("max_concurrency = 64", "max_concurrency = 2");
+    std::fs::write(&cfg, text).expect("write");
+    let serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let pid = serve.child.id();
+    let control = reqwest::Client::new();
+    // Every answer hangs: the node's two slots stay taken, everything else waits or overflows.
+    post_faults(&control, &url, json!({"hang": true})).await;
+    let before = rss_kib(pid);
+    // Ten h2c connections carry 1,000 requests each, all at once.
+    let clients: Vec<reqwest::Client> =
+        (0..10).map(|_| reqwest::Client::builder().http2_prior_knowledge().build().expect("client")).collect();
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..10_000)
+        .map(|i| {
+            let (client, base) = (clients[i % 10].clone(), base.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(format!("{base}/api/generate"))
+                    .json(&json!({"model": "llama3.2", "prompt": "x", "stream": false}))
+                    .timeout(Duration::from_secs(60))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) => {
+                        let forwarded = r.headers().get("x-corral-forwarded").map(|v| v == "false");
+                        (Some(r.status().as_u16()), forwarded)
+                    }
+                    Err(_) => (None, None),
+                }
+            })
+        })
+        .collect();
+    let mut peak = before;
+    let (mut over, mut timed_out, mut other) = (0, 0, 0);
+    let mut pending = tasks;
+    while !pending.is_empty() {
+        peak = peak.max(rss_kib(pid));
+        let (done, rest): (Vec<_>, Vec<_>) = pending.into_iter().partition(|t| t.is_finished());
+        pending = rest;
+        for t in done {
+            match t.await.expect("task") {
+                (Some(429), Some(true)) => over += 1,
+                (Some(503), Some(true)) => timed_out += 1,
+                r => {
+                    other += 1;
+                    assert!(other <= 2, "only the two running requests may end otherwise: {r:?}");
+                }
+            }
+        }
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // The two hung requests never end on their own: release them once all else did.
+            if pending.len() <= 2 && started.elapsed() > Duration::from_secs(3) {
+                post_faults(&control, &url, json!({})).await;
+                let r = control.post(format!("{url}/_sim/down")).json(&json!({"for_ms": 10})).send().await;
+                assert!(r.is_ok());
+            }
+        }
+    }
+    let arrival = started.elapsed();
+    assert_eq!(over + timed_out + other, 10_000);
+    assert!(timed_out <= 1_000, "never more queued than queue.max_requests: {timed_out} timed out");
+    assert!(over >= 8_998, "the overflow was refused with 429: {over} (arrival took {arrival:?})");
+    let growth_mib = peak.saturating_sub(before) / 1024;
+    assert!(growth_mib < 256, "memory grew {growth_mib} MiB for 10,000 requests");
+    // Nothing panicked: the broker still answers, and serves again once the node is back up.
+    let r = control.get(format!("{base}/")).send().await.expect("alive");
+    assert_eq!(r.status(), 200);
+    let mut served = false;
+    for _ in 0..100 {
+        let r = control.get(format!("{base}/api/version")).send().await.expect("answer");
+        if r.status() == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the node came back and the broker served it");
+    report(Figures {
+        scenario: "10,000 requests on a saturated cluster",
+        load: "10,000 at once over 10 h2c connections; 1 node with 2 slots, hung",
+        faults: "queue.max_requests 1000, queue timeout 20 s",
+        sent: 10_000,
+        ok: 0,
+        failed: over + timed_out + other,
+        interrupted: 0,
+        note: &format!(
+            "{over} got 429 queue_full, {timed_out} got 503 queue_timeout, all forwarded=false; RSS {} -> {} MiB peak",
+            before / 1024,
+            peak / 1024
+        ),
+    });
 }
