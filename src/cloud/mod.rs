@@ -180,15 +180,7 @@ async fn try_provider(
     } else {
         None
     };
-    let key = if p.secret.is_empty() {
-        None
-    } else {
-        let name = p.secret.clone();
-        let got = tokio::task::spawn_blocking(move || crate::secrets::get(&name))
-            .await
-            .map_err(|e| format!("keyring lookup failed ({e})"))?;
-        Some(got.map_err(|e| format!("API key: {e}"))?)
-    };
+    let key = provider_key(p).await?;
     let base = url::Url::parse(&p.base_url).map_err(|e| format!("bad base_url ({e})"))?;
     let url = openai_url(&base, &upstream_path);
     let client = shared.cloud_clients.get(p.connect_timeout_ms)?;
@@ -241,6 +233,19 @@ async fn try_provider(
     Ok(response)
 }
 
+/// A provider's API key from the keyring (read per use, off the async workers); `None` for a
+/// provider that takes no key.
+async fn provider_key(p: &ProviderConfig) -> Result<Option<String>, String> {
+    if p.secret.is_empty() {
+        return Ok(None);
+    }
+    let name = p.secret.clone();
+    let got = tokio::task::spawn_blocking(move || crate::secrets::get(&name))
+        .await
+        .map_err(|e| format!("keyring lookup failed ({e})"))?;
+    got.map(Some).map_err(|e| format!("API key: {e}"))
+}
+
 /// One tiny request to a provider with its key (the UI's "test" button). Returns the model
 /// that answered.
 pub async fn probe(shared: &Shared, p: &ProviderConfig) -> Result<String, String> {
@@ -248,13 +253,7 @@ pub async fn probe(shared: &Shared, p: &ProviderConfig) -> Result<String, String
         p.model_map.get("*").or_else(|| p.model_map.values().next()).cloned().unwrap_or_else(|| "gpt-4o-mini".into());
     let body =
         serde_json::json!({ "model": model, "messages": [{ "role": "user", "content": "ping" }], "max_tokens": 1 });
-    let key = if p.secret.is_empty() {
-        None
-    } else {
-        let name = p.secret.clone();
-        let got = tokio::task::spawn_blocking(move || crate::secrets::get(&name)).await.map_err(|e| e.to_string())?;
-        Some(got.map_err(|e| format!("API key: {e}"))?)
-    };
+    let key = provider_key(p).await?;
     let base = url::Url::parse(&p.base_url).map_err(|e| format!("bad base_url ({e})"))?;
     let client = shared.cloud_clients.get(p.connect_timeout_ms)?;
     let mut req = client.post(openai_url(&base, "/chat/completions")).json(&body);
