@@ -106,7 +106,16 @@ def fallback():
     cloud.stop()
 
 
-SHARED = os.environ.get("CORRAL_SHARED") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared")
+def _shared_dir():
+    """The team's shared folder (recipes for a real llama.cpp node): CORRAL_SHARED, else
+    `shared/` beside this checkout, else /work/shared."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (os.environ.get("CORRAL_SHARED"), os.path.join(here, "..", "..", "..", "shared"), "/work/shared"):
+        if d and os.path.isfile(os.path.join(d, "recipes", "make_tiny_gguf.py")):
+            return d
+    raise RuntimeError("cannot find shared/recipes/make_tiny_gguf.py: set CORRAL_SHARED to the shared folder")
+
+
 
 
 @pytest.fixture(scope="module")
@@ -115,12 +124,13 @@ def llamacpp():
     generated tiny model (../shared/recipes/real-backend.md). Yields the broker URL."""
     import sys
 
+    shared = _shared_dir()
     tmp = tempfile.mkdtemp(prefix="corral-llm-")
     model = os.path.join(tmp, "tiny.gguf")
-    subprocess.run([sys.executable, os.path.join(SHARED, "recipes", "make_tiny_gguf.py"), model], check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(shared, "recipes", "make_tiny_gguf.py"), model], check=True, capture_output=True)
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, os.path.join(SHARED, "recipes", "serve_xllamacpp.py"), model, "--port", str(port), "--alias", "tiny", "--threads", "1"],
+        [sys.executable, os.path.join(shared, "recipes", "serve_xllamacpp.py"), model, "--port", str(port), "--alias", "tiny", "--threads", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
