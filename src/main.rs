@@ -377,6 +377,17 @@ async fn demo(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> Exit
         }
     };
     config.nodes = nodes;
+    let cloud = match corral::sim::demo_cloud().await {
+        Ok((cloud, provider, categories)) => {
+            config.providers.push(provider);
+            config.categories.extend(categories);
+            cloud
+        }
+        Err(e) => {
+            eprintln!("error: cannot start the simulated cloud: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let broker = match Broker::start(config, start_options()).await {
         Ok(b) => b,
         Err(e) => {
@@ -401,10 +412,20 @@ async fn demo(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> Exit
     println!("  curl {url}/api/chat -d '{{\"model\":\"llama3.2\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}]}}'");
     println!("  OLLAMA_HOST={url} ollama run llama3.2   # with the ollama CLI, if you have it");
     println!();
+    println!(
+        "Cloud fallback: category `public` may fall back to a simulated cloud ({}), `private` never.",
+        cloud.url()
+    );
+    println!("  for n in {}; do curl -s -X POST $n/_sim/down -d '{{\"for_ms\":20000}}'; done   # take every node down for 20 s",
+        sims.iter().map(|s| s.url()).collect::<Vec<_>>().join(" "));
+    println!("  curl -i -H 'X-Corral-Category: public' {url}/api/chat -d '{{\"model\":\"llama3.2\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'   # X-Corral-Fallback: cloud-sim");
+    println!("  curl -i -H 'X-Corral-Category: private' {url}/api/chat -d '{{\"model\":\"llama3.2\",\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'  # 503 cloud_not_allowed");
+    println!();
     println!("Press Ctrl-C to stop.");
     wait_for_signal().await;
     broker.shutdown().await;
     drop(sims);
+    drop(cloud);
     ExitCode::SUCCESS
 }
 

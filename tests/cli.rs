@@ -178,6 +178,7 @@ async fn demo_starts_and_serves() {
         "--db",
         db.to_str().unwrap_or_default(),
     ]);
+    let nodes: Vec<String> = ["node sim-a", "node sim-b", "node sim-c"].iter().map(|n| demo.url(n)).collect();
     let base = demo.url("Ollama API:");
     let tags: Value = reqwest::get(format!("{base}/api/tags")).await.expect("answer").json().await.expect("json");
     assert!(tags["models"].as_array().is_some_and(|m| m.len() >= 3), "{tags}");
@@ -190,6 +191,32 @@ async fn demo_starts_and_serves() {
     assert_eq!(r.status(), 200);
     let node = r.headers()["x-corral-node"].to_str().unwrap_or_default().to_string();
     assert!(node == "sim-a" || node == "sim-c", "only nodes with qwen2.5 serve it, got {node}");
+
+    // The demo's cloud: with every node down, `public` falls back, `private` does not.
+    let client = reqwest::Client::new();
+    for n in &nodes {
+        let r = client.post(format!("{n}/_sim/down")).body(r#"{"for_ms": 30000}"#).send().await.expect("control");
+        assert!(r.status().is_success());
+    }
+    let chat = json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
+    let r = client
+        .post(format!("{base}/api/chat"))
+        .header("x-corral-category", "public")
+        .json(&chat)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloud-sim");
+    let r = client
+        .post(format!("{base}/api/chat"))
+        .header("x-corral-category", "private")
+        .json(&chat)
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "cloud_not_allowed");
 }
 
 #[tokio::test(flavor = "multi_thread")]

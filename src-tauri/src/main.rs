@@ -58,6 +58,11 @@ async fn start_broker() -> Result<(Broker, Vec<SimNode>, String), String> {
                 corral::sim::demo_nodes(3).await.map_err(|e| format!("cannot start the demo nodes: {e}"))?;
             sims = s;
             let mut c = Config { nodes, ..Config::default() };
+            let (cloud, provider, categories) =
+                corral::sim::demo_cloud().await.map_err(|e| format!("cannot start the simulated cloud: {e}"))?;
+            sims.push(cloud);
+            c.providers.push(provider);
+            c.categories.extend(categories);
             c.store.path =
                 Some(corral::store::default_path(&c.store).with_file_name("corral-demo.db").display().to_string());
             (c, "the demo cluster (no config, no Ollama on 127.0.0.1:11434)".into(), None)

@@ -361,6 +361,32 @@ pub async fn demo_nodes(n: usize) -> std::io::Result<(Vec<SimNode>, Vec<crate::c
     Ok((sims, nodes))
 }
 
+/// A simulated OpenAI-compatible cloud for the demo, its provider entry, and two categories
+/// to try it with: `public` may fall back to it (with redaction), `private` never leaves.
+pub async fn demo_cloud(
+) -> std::io::Result<(SimNode, crate::config::ProviderConfig, Vec<crate::config::CategoryConfig>)> {
+    use crate::config::{CategoryConfig, CloudPermission, ProviderConfig};
+    let spec = SimSpec { models: vec!["gpt-4o-mini".into()], cloud: true, tps: 80.0, ..SimSpec::default() };
+    let cloud = SimNode::start(spec).await?;
+    let provider = ProviderConfig {
+        name: "cloud-sim".into(),
+        base_url: format!("{}/v1", cloud.url()),
+        model_map: [("*".to_string(), "gpt-4o-mini".to_string())].into(),
+        ..ProviderConfig::default()
+    };
+    let categories = vec![
+        CategoryConfig {
+            name: "public".into(),
+            cloud: CloudPermission::OnFailure,
+            providers: vec!["cloud-sim".into()],
+            redact: true,
+            ..CategoryConfig::default()
+        },
+        CategoryConfig { name: "private".into(), priority: 0, ..CategoryConfig::default() },
+    ];
+    Ok((cloud, provider, categories))
+}
+
 pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
