@@ -140,7 +140,7 @@ async fn a_never_category_gets_503_and_the_cloud_sees_nothing() {
         assert_eq!(v["code"], "cloud_not_allowed");
         assert!(v["error"].as_str().is_some_and(|e| e.contains("\"hr\"") && e.contains("never")), "{v}");
     }
-    // A model no node has is the same story.
+    // A model the dead nodes might have had: still 503, and still nothing leaves.
     let r = c
         .client
         .post(c.url("/api/chat"))
@@ -169,6 +169,24 @@ async fn a_healthy_cluster_answers_locally_and_mid_stream_failures_never_fall_ba
     let lines = ndjson(&text);
     assert_eq!(lines.last().map(|l| l["code"].clone()), Some(json!("stream_interrupted")));
     assert_eq!(cloud_calls(&cloud), 0, "after the first byte there is no fallback");
+}
+
+#[tokio::test]
+async fn a_model_no_node_has_is_a_404_in_a_never_category() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    c.learn_models().await;
+    let r = c
+        .client
+        .post(c.url("/api/chat"))
+        .header("x-corral-category", "hr")
+        .json(&json!({"model": "qwen9", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "model_not_found");
+    assert_eq!(cloud.received().len(), 0);
 }
 
 #[tokio::test]

@@ -122,7 +122,8 @@ pub async fn fall_back(
 ) -> Result<Response, BrokerError> {
     let config = shared.config();
     if req.category.cloud == CloudPermission::Never || req.category.providers.is_empty() {
-        if config.providers.is_empty() {
+        // A model nobody here has is a 404 whatever the category: clearer than "no cloud".
+        if config.providers.is_empty() || matches!(local, BrokerError::ModelNotFound(_)) {
             return Err(local);
         }
         return Err(BrokerError::CloudNotAllowed {
