@@ -55,6 +55,17 @@ fn stop_all(c: &common::Cluster) {
     }
 }
 
+/// A chat sent with `X-Corral-Category: category`.
+async fn chat_in(c: &common::Cluster, category: &str, model: &str, stream: bool) -> reqwest::Response {
+    c.client
+        .post(c.url("/api/chat"))
+        .header("x-corral-category", category)
+        .json(&json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "salary review"}]}))
+        .send()
+        .await
+        .expect("answer")
+}
+
 fn cloud_calls(cloud: &SimNode) -> usize {
     cloud.count("/v1/chat/completions") + cloud.count("/v1/embeddings") + cloud.count("/v1/completions")
 }
@@ -126,14 +137,7 @@ async fn a_never_category_gets_503_and_the_cloud_sees_nothing() {
     let c = setup(vec![provider("cloudsim", &cloud)]).await;
     stop_all(&c);
     for stream in [true, false] {
-        let r = c
-            .client
-            .post(c.url("/api/chat"))
-            .header("x-corral-category", "hr")
-            .json(&json!({"model": "llama3.2", "stream": stream, "messages": [{"role": "user", "content": "salary review"}]}))
-            .send()
-            .await
-            .expect("answer");
+        let r = chat_in(&c, "hr", "llama3.2", stream).await;
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["x-corral-forwarded"], "false");
         let v: Value = r.json().await.expect("json");
@@ -141,14 +145,7 @@ async fn a_never_category_gets_503_and_the_cloud_sees_nothing() {
         assert!(v["error"].as_str().is_some_and(|e| e.contains("\"hr\"") && e.contains("never")), "{v}");
     }
     // A model the dead nodes might have had: still 503, and still nothing leaves.
-    let r = c
-        .client
-        .post(c.url("/api/chat"))
-        .header("x-corral-category", "hr")
-        .json(&json!({"model": "qwen9", "messages": [{"role": "user", "content": "x"}]}))
-        .send()
-        .await
-        .expect("answer");
+    let r = chat_in(&c, "hr", "qwen9", true).await;
     assert_eq!(r.status(), 503);
     assert_eq!(cloud.received().len(), 0, "nothing left the building");
 }
@@ -176,14 +173,7 @@ async fn a_model_no_node_has_is_a_404_in_a_never_category() {
     let cloud = cloud_sim(|_| {}).await;
     let c = setup(vec![provider("cloudsim", &cloud)]).await;
     c.learn_models().await;
-    let r = c
-        .client
-        .post(c.url("/api/chat"))
-        .header("x-corral-category", "hr")
-        .json(&json!({"model": "qwen9", "messages": [{"role": "user", "content": "x"}]}))
-        .send()
-        .await
-        .expect("answer");
+    let r = chat_in(&c, "hr", "qwen9", true).await;
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("json")["code"], "model_not_found");
     assert_eq!(cloud.received().len(), 0);
