@@ -21,7 +21,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::{CategoryConfig, Config, NodeConfig};
 use crate::node::{Admin, Node};
-use crate::proxy::Shared;
+use crate::state::Shared;
 
 #[derive(Clone)]
 pub struct AdminState {
@@ -449,7 +449,7 @@ async fn test_provider(State(s): State<AdminState>, Path(name): Path<String>) ->
     let config = s.shared.config();
     let p = config.providers.iter().find(|p| p.name == name).ok_or(AdminError::NotFound { kind: "provider", name })?;
     let started = std::time::Instant::now();
-    let result = crate::cloud::probe(&s.shared, p).await;
+    let result = crate::cloud::probe(&s.shared.cloud_clients, p).await.map_err(|e| e.to_string());
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(Json(match result {
         Ok(model) => json!({ "name": p.name, "ok": true, "ms": ms, "model": model }),

@@ -14,8 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::node::Registry;
+use crate::node::{NodeTuning, Registry};
 use crate::proxy::{self, ProxyState};
+use crate::state::Shared;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -39,19 +40,6 @@ impl StartError {
             Self::Client(_) => "client_failed",
             Self::Store(e) => e.code(),
         }
-    }
-}
-
-/// Node tunables from the `[breaker]` and `[health]` sections.
-pub fn tuning(config: &Config) -> crate::node::NodeTuning {
-    crate::node::NodeTuning {
-        breaker: crate::breaker::BreakerPolicy {
-            failures_to_open: config.breaker.failures_to_open,
-            cooldown: std::time::Duration::from_millis(config.breaker.cooldown_ms),
-            trial_requests: config.breaker.trial_requests,
-        },
-        slow_start: std::time::Duration::from_millis(config.health.slow_start_ms),
-        latency_decay: std::time::Duration::from_secs(10),
     }
 }
 
@@ -84,7 +72,7 @@ pub struct StartOptions {
 }
 
 pub struct Broker {
-    shared: Arc<proxy::Shared>,
+    shared: Arc<Shared>,
     proxy_addrs: Vec<SocketAddr>,
     admin_addr: SocketAddr,
     admin_token: Arc<String>,
@@ -111,52 +99,29 @@ impl Broker {
                     .collect(),
             }));
         }
-        let registry =
-            Arc::new(Registry::new(&config.nodes, tuning(&config)).map_err(|e| StartError::Client(e.to_string()))?);
+        let registry = Arc::new(
+            Registry::new(&config.nodes, NodeTuning::of(&config)).map_err(|e| StartError::Client(e.to_string()))?,
+        );
         let client = reqwest::Client::builder()
             .connect_timeout(config.proxy.connect_timeout())
             .tcp_nodelay(true)
             .pool_idle_timeout(std::time::Duration::from_secs(60))
             .build()
             .map_err(|e| StartError::Client(e.to_string()))?;
-
-        // Bind everything first: all listeners or none.
-        let mut bound = Vec::new();
-        for l in &config.listeners {
-            let listener =
-                TcpListener::bind(&l.addr).await.map_err(|source| StartError::Bind { addr: l.addr.clone(), source })?;
-            bound.push((listener, l.clone()));
-        }
-
-        let admin_listener = TcpListener::bind(&config.admin.addr)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.admin.addr.clone(), source })?;
-        let admin_addr = admin_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind { addr: config.admin.addr.clone(), source })?;
-
+        let sockets = Sockets::bind(&config).await?;
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
         // The store stops last, after every request has finished and been recorded.
         let store_cancel = CancellationToken::new();
         let store_tracker = TaskTracker::new();
-        let health = config.health.clone();
-        let store = if config.store.enabled {
-            let (store, tasks) = crate::store::Store::open(&config.store, store_cancel.clone()).await?;
-            store_tracker.spawn(tasks.writer);
-            store_tracker.spawn(tasks.retention);
-            tracing::info!(path = %store.path().display(), "request store open");
-            Some(store)
-        } else {
-            None
-        };
+        let store = open_store(&config, &store_cancel, &store_tracker).await?;
         let bus = crate::telemetry::Telemetry::bus();
-        registry.attach_events(bus.clone());
+        registry.on_state_change(crate::telemetry::Telemetry::state_sink(bus.clone()));
         let telemetry = Arc::new(crate::telemetry::Telemetry::new(store.clone(), bus));
         if let Some(store) = store {
             tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
         }
-        let shared = Arc::new(proxy::Shared::new(
+        let shared = Arc::new(Shared::new(
             config,
             Arc::clone(&registry),
             client.clone(),
@@ -164,34 +129,8 @@ impl Broker {
             telemetry,
             options.seed,
         ));
-
-        let header_timeout = std::time::Duration::from_millis(shared.config().proxy.header_read_timeout_ms);
-        let mut proxy_addrs = Vec::new();
-        for (listener, lc) in bound {
-            let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
-            proxy_addrs.push(addr);
-            let keys = Arc::new(load_client_keys(&lc).await);
-            let app = proxy::router(ProxyState {
-                shared: Arc::clone(&shared),
-                listener: Arc::new(lc.clone()),
-                client_keys: keys,
-            });
-            let stop = cancel.clone();
-            tracker.spawn(async move {
-                tracing::info!(%addr, origin = ?lc.origin, api_keys = lc.api_keys.len(), "proxy listening");
-                crate::server::serve(listener, app, header_timeout, stop).await;
-            });
-        }
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
-        let admin_app = crate::admin::router(crate::admin::AdminState {
-            shared: Arc::clone(&shared),
-            token: Arc::clone(&admin_token),
-        });
-        let stop = cancel.clone();
-        tracker.spawn(async move {
-            tracing::info!(addr = %admin_addr, "admin API listening");
-            crate::server::serve(admin_listener, admin_app, header_timeout, stop).await;
-        });
+        let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
         if let Some(path) = options.config_path {
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
                 Ok(task) => {
@@ -202,7 +141,7 @@ impl Broker {
                 }
             }
         }
-        tracker.spawn(crate::health::run(Arc::clone(&registry), client.clone(), health, cancel.clone()));
+        tracker.spawn(crate::health::run(Arc::clone(&registry), client, shared.health_config(), cancel.clone()));
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
         Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker, store_cancel, store_tracker })
     }
@@ -233,7 +172,7 @@ impl Broker {
     }
 
     /// The state shared with the proxy (for the admin API and tests).
-    pub fn shared(&self) -> &Arc<proxy::Shared> {
+    pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
@@ -248,8 +187,13 @@ impl Broker {
         tracing::info!(in_flight, "shutting down: no new connections, draining in-flight requests");
         self.cancel.cancel();
         self.tracker.close();
+        self.shared.tasks.close();
         let drain = self.shared.config().proxy.drain_timeout();
-        if tokio::time::timeout(drain, self.tracker.wait()).await.is_err() {
+        let drained = async {
+            self.tracker.wait().await;
+            self.shared.tasks.wait().await;
+        };
+        if tokio::time::timeout(drain, drained).await.is_err() {
             let left: usize = self.registry().all().iter().map(|n| n.in_flight()).sum();
             tracing::warn!(left, drain_ms = drain.as_millis() as u64, "drain timeout passed; dropping what is left");
         } else {
@@ -262,6 +206,80 @@ impl Broker {
             tracing::warn!("the request store did not finish flushing in 10 s");
         }
     }
+}
+
+/// Every listener, bound before anything is served: all of them or none.
+struct Sockets {
+    proxies: Vec<(TcpListener, crate::config::ListenerConfig)>,
+    admin: TcpListener,
+    admin_addr: SocketAddr,
+}
+
+impl Sockets {
+    async fn bind(config: &Config) -> Result<Self, StartError> {
+        let mut proxies = Vec::new();
+        for l in &config.listeners {
+            let listener =
+                TcpListener::bind(&l.addr).await.map_err(|source| StartError::Bind { addr: l.addr.clone(), source })?;
+            proxies.push((listener, l.clone()));
+        }
+        let bind_err = |source| StartError::Bind { addr: config.admin.addr.clone(), source };
+        let admin = TcpListener::bind(&config.admin.addr).await.map_err(bind_err)?;
+        let admin_addr = admin.local_addr().map_err(bind_err)?;
+        Ok(Self { proxies, admin, admin_addr })
+    }
+
+    /// Serve the proxy and admin apps on the bound sockets; returns their addresses.
+    async fn serve(
+        self,
+        shared: &Arc<Shared>,
+        admin_token: &Arc<String>,
+        tracker: &TaskTracker,
+        cancel: &CancellationToken,
+    ) -> Result<(Vec<SocketAddr>, SocketAddr), StartError> {
+        let header_timeout = std::time::Duration::from_millis(shared.config().proxy.header_read_timeout_ms);
+        let mut proxy_addrs = Vec::new();
+        for (listener, lc) in self.proxies {
+            let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
+            proxy_addrs.push(addr);
+            let keys = Arc::new(load_client_keys(&lc).await);
+            let app = proxy::router(ProxyState {
+                shared: Arc::clone(shared),
+                listener: Arc::new(lc.clone()),
+                client_keys: keys,
+            });
+            let stop = cancel.clone();
+            tracker.spawn(async move {
+                tracing::info!(%addr, origin = ?lc.origin, api_keys = lc.api_keys.len(), "proxy listening");
+                crate::server::serve(listener, app, header_timeout, stop).await;
+            });
+        }
+        let admin_app = crate::admin::router(crate::admin::AdminState {
+            shared: Arc::clone(shared),
+            token: Arc::clone(admin_token),
+        });
+        let (stop, admin_addr, admin) = (cancel.clone(), self.admin_addr, self.admin);
+        tracker.spawn(async move {
+            tracing::info!(addr = %admin_addr, "admin API listening");
+            crate::server::serve(admin, admin_app, header_timeout, stop).await;
+        });
+        Ok((proxy_addrs, admin_addr))
+    }
+}
+
+async fn open_store(
+    config: &Config,
+    cancel: &CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<Option<crate::store::Store>, StartError> {
+    if !config.store.enabled {
+        return Ok(None);
+    }
+    let (store, tasks) = crate::store::Store::open(&config.store, cancel.clone()).await?;
+    tracker.spawn(tasks.writer);
+    tracker.spawn(tasks.retention);
+    tracing::info!(path = %store.path().display(), "request store open");
+    Ok(Some(store))
 }
 
 /// 32 random bytes, hex: the admin token when none is configured.

@@ -25,8 +25,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::breaker::{Breaker, BreakerPolicy, BreakerState, Permit};
-use crate::config::{model_key, normalize_model, NodeConfig};
+use crate::config::{model_key, normalize_model, Config, NodeConfig};
 use crate::ewma::PeakEwma;
+use crate::outcome::Outcome;
 
 /// Liveness as the probes and passive signals see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -128,40 +129,27 @@ impl LoadedModel {
     }
 }
 
-/// How one exchange with a node ended, judged once at the end of the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The node answered (any 2xx/4xx) and the body ended cleanly.
-    Success,
-    /// The node is saturated ("server busy"): try elsewhere, not a failure.
-    Busy,
-    /// The TCP connection could not be made: the node is not there.
-    ConnectFailed,
-    /// 5xx, or the transport broke before the answer started.
-    Failed,
-    /// No first byte, or silence between chunks, past the configured timeout.
-    TimedOut,
-    /// The answer started and then broke off.
-    StreamCut,
-    /// The client went away; says nothing about the node.
-    ClientGone,
-    /// The node answered 404 "model not found": its model list was stale. Not a failure.
-    ModelMissing,
-}
-
-impl Outcome {
-    pub fn is_node_failure(self) -> bool {
-        matches!(self, Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::StreamCut)
-    }
-}
-
 /// Tunables a node's live state needs; from the `[health]` and `[breaker]` sections.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeTuning {
     pub breaker: BreakerPolicy,
     pub slow_start: Duration,
     pub latency_decay: Duration,
+}
+
+impl NodeTuning {
+    /// From the `[breaker]` and `[health]` sections.
+    pub fn of(config: &Config) -> Self {
+        Self {
+            breaker: BreakerPolicy {
+                failures_to_open: config.breaker.failures_to_open,
+                cooldown: Duration::from_millis(config.breaker.cooldown_ms),
+                trial_requests: config.breaker.trial_requests,
+            },
+            slow_start: Duration::from_millis(config.health.slow_start_ms),
+            latency_decay: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for NodeTuning {
@@ -188,7 +176,7 @@ pub struct Node {
     returned_at: Mutex<Option<Instant>>,
     /// Set while a slow-start ramp is running, so the common case never takes the lock.
     ramping: AtomicBool,
-    slow_start: Duration,
+    slow_start_ms: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     ttfb: Mutex<PeakEwma>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
@@ -201,8 +189,22 @@ pub struct Node {
     events: Events,
 }
 
-/// Where node state changes are published (set once the telemetry bus exists).
-pub type Events = Arc<std::sync::OnceLock<tokio::sync::broadcast::Sender<crate::telemetry::Event>>>;
+/// A change of the state a person sees for a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StateChange {
+    pub node: String,
+    pub from: NodeState,
+    pub to: NodeState,
+    pub reason: String,
+    /// Unix milliseconds.
+    pub at: i64,
+}
+
+/// Who hears about state changes: set once by whoever listens (telemetry), called
+/// synchronously and never blocking, so the registry needs to know nothing about listeners.
+pub type StateSink = Arc<dyn Fn(StateChange) + Send + Sync>;
+
+type Events = Arc<std::sync::OnceLock<StateSink>>;
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -234,7 +236,7 @@ impl Node {
             probe_failures: AtomicU32::new(0),
             returned_at: Mutex::new(None),
             ramping: AtomicBool::new(false),
-            slow_start: tuning.slow_start,
+            slow_start_ms: std::sync::atomic::AtomicU64::new(tuning.slow_start.as_millis() as u64),
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
             models: ArcSwap::from_pointee(None),
@@ -272,8 +274,8 @@ impl Node {
     fn publish(&self, before: NodeState, reason: &str) {
         let after = self.state();
         if before != after {
-            if let Some(bus) = self.events.get() {
-                let _ = bus.send(crate::telemetry::Event::NodeState {
+            if let Some(sink) = self.events.get() {
+                sink(StateChange {
                     node: self.name().to_string(),
                     from: before,
                     to: after,
@@ -331,13 +333,21 @@ impl Node {
             return 1.0;
         }
         let returned = *lock(&self.returned_at);
+        let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Acquire));
         match returned {
-            Some(at) if !self.slow_start.is_zero() => {
-                let ramp = now.saturating_duration_since(at).as_secs_f64() / self.slow_start.as_secs_f64();
+            Some(at) if !slow_start.is_zero() => {
+                let ramp = now.saturating_duration_since(at).as_secs_f64() / slow_start.as_secs_f64();
                 ramp.clamp(0.1, 1.0)
             }
             _ => 1.0,
         }
+    }
+
+    /// Take a new breaker policy and slow-start length (a reload): the breaker keeps its
+    /// state and counts, judged by the new threshold from the next outcome on.
+    pub fn set_tuning(&self, tuning: NodeTuning) {
+        lock(&self.breaker).set_policy(tuning.breaker);
+        self.slow_start_ms.store(tuning.slow_start.as_millis() as u64, Ordering::Release);
     }
 
     pub fn in_flight(&self) -> usize {
@@ -551,12 +561,17 @@ impl Drop for InFlight {
 
 /// All configured nodes, in config order; nodes can be added and removed at runtime (a removed
 /// node's in-flight requests keep their `Arc` and finish).
-#[derive(Debug)]
 pub struct Registry {
     nodes: ArcSwap<Vec<Arc<Node>>>,
     wake: Arc<Notify>,
-    tuning: NodeTuning,
+    tuning: Mutex<NodeTuning>,
     events: Events,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").field("nodes", &self.nodes.load()).finish()
+    }
 }
 
 impl Registry {
@@ -567,7 +582,7 @@ impl Registry {
             .iter()
             .map(|c| Node::with_events(c.clone(), tuning, Arc::clone(&wake), Arc::clone(&events)).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning, events })
+        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning: Mutex::new(tuning), events })
     }
 
     /// A snapshot of the nodes.
@@ -581,7 +596,8 @@ impl Registry {
 
     /// Add a node; the caller has validated the config (unique name, URL).
     pub fn add(&self, config: NodeConfig) -> Result<Arc<Node>, url::ParseError> {
-        let node = Arc::new(Node::with_events(config, self.tuning, Arc::clone(&self.wake), Arc::clone(&self.events))?);
+        let tuning = *lock(&self.tuning);
+        let node = Arc::new(Node::with_events(config, tuning, Arc::clone(&self.wake), Arc::clone(&self.events))?);
         let mut next = Vec::clone(&self.nodes.load());
         next.push(Arc::clone(&node));
         self.nodes.store(Arc::new(next));
@@ -598,9 +614,15 @@ impl Registry {
         Some(gone)
     }
 
-    /// Publish every node's state changes on `bus` from now on.
-    pub fn attach_events(&self, bus: tokio::sync::broadcast::Sender<crate::telemetry::Event>) {
-        let _ = self.events.set(bus);
+    /// Tell `sink` about every node's state changes from now on (one listener per registry).
+    pub fn on_state_change(&self, sink: StateSink) {
+        let _ = self.events.set(sink);
+    }
+
+    /// The tuning nodes added from now on get (a reload); existing nodes are retuned by the
+    /// caller.
+    pub fn set_tuning(&self, tuning: NodeTuning) {
+        *lock(&self.tuning) = tuning;
     }
 
     /// Woken whenever a slot frees or a node's state changes.

@@ -3,8 +3,9 @@
 //! A change is parsed and validated as a whole; a bad edit keeps the running config and is
 //! reported with every problem and its line (the log, `/admin/status`, and later the desktop
 //! notification). A good one is applied through the same `Shared::apply` the admin API uses, so
-//! nodes come and go without dropping in-flight requests. Listener and admin addresses are
-//! bound once: a change to them is reported as needing a restart.
+//! nodes come and go without dropping in-flight requests. What is bound at start (see
+//! `state::RESTART_KEYS`) keeps its running value, and a change to it is reported, key by key,
+//! as needing a restart.
 //!
 //! The `notify` crate watches the file's directory (editors replace files rather than write
 //! them in place); events are debounced so one save is one reload.
@@ -16,29 +17,42 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::proxy::Shared;
+use crate::config::{Config, ConfigError};
+use crate::state::{ReloadStatus, Shared};
 
-/// What the last reload did, for status displays.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct ReloadStatus {
-    pub reloads: u64,
-    pub last_error: Option<String>,
+/// Why a reload was refused: the file does not parse or does not validate.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Config(#[from] ConfigError),
 }
 
-/// Re-read `path` and apply it. Returns the error text when the file was refused.
-pub fn reload(path: &Path, shared: &Shared) -> Result<(), String> {
-    let next = Config::load(path).map_err(|e| e.to_string())?;
+impl ReloadError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Config(_) => "invalid_config",
+        }
+    }
+}
+
+/// Re-read `path` and apply it. Returns the changed keys that take effect only at the next
+/// restart (the running values stay for those).
+pub fn reload(path: &Path, shared: &Shared) -> Result<Vec<&'static str>, ReloadError> {
+    let next = Config::load(path)?;
     let current = shared.config();
-    if next.listeners != current.listeners || next.admin != current.admin {
-        tracing::warn!("listener or admin addresses changed in the config: they apply at the next restart");
+    let pending = crate::state::restart_needed(&current, &next);
+    if !pending.is_empty() {
+        tracing::warn!(keys = ?pending, "config keys changed that take effect at the next restart");
     }
     let mut applied = next;
-    // Addresses stay as bound; everything else takes effect now.
+    // What is bound at start stays as bound; everything else takes effect now.
     applied.listeners = current.listeners.clone();
     applied.admin = current.admin.clone();
+    applied.store = current.store.clone();
+    applied.proxy.connect_timeout_ms = current.proxy.connect_timeout_ms;
+    applied.proxy.header_read_timeout_ms = current.proxy.header_read_timeout_ms;
     shared.apply(applied);
-    Ok(())
+    Ok(pending)
 }
 
 /// Watch `path` until `cancel` fires. The watcher lives inside the returned task.
@@ -75,22 +89,27 @@ pub fn watch(
                     let result = reload(&path, &shared);
                     shared.telemetry.publish(crate::telemetry::Event::ConfigReload {
                         ok: result.is_ok(),
-                        error: result.as_ref().err().cloned(),
+                        error: result.as_ref().err().map(ToString::to_string),
                     });
-                    let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
-                    match result {
-                        Ok(()) => {
-                            s.reloads += 1;
-                            s.last_error = None;
-                            tracing::info!(path = %path.display(), "config reloaded");
-                        }
-                        Err(e) => {
-                            tracing::error!(path = %path.display(), error = %e, "config reload refused; the running config stays");
-                            s.last_error = Some(e);
-                        }
-                    }
+                    record(&status, &path, result);
                 }
             }
         }
     })
+}
+
+fn record(status: &Mutex<ReloadStatus>, path: &Path, result: Result<Vec<&'static str>, ReloadError>) {
+    let mut s = status.lock().unwrap_or_else(|p| p.into_inner());
+    match result {
+        Ok(pending) => {
+            s.reloads += 1;
+            s.last_error = None;
+            s.pending_restart = pending.into_iter().map(str::to_string).collect();
+            tracing::info!(path = %path.display(), "config reloaded");
+        }
+        Err(e) => {
+            tracing::error!(path = %path.display(), error = %e, code = e.code(), "config reload refused; the running config stays");
+            s.last_error = Some(e.to_string());
+        }
+    }
 }

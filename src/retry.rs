@@ -16,9 +16,15 @@ const BUCKET: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub struct RetryBudget {
+    window: Mutex<Window>,
+}
+
+/// The policy and its buckets, under one lock so a reload swaps the policy atomically.
+#[derive(Debug)]
+struct Window {
     ratio: f64,
     min_per_sec: u32,
-    window: Mutex<VecDeque<Bucket>>,
+    buckets: VecDeque<Bucket>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -30,23 +36,32 @@ struct Bucket {
 
 impl RetryBudget {
     pub fn new(ratio: f64, min_per_sec: u32) -> Self {
-        Self { ratio, min_per_sec, window: Mutex::new(VecDeque::new()) }
+        Self { window: Mutex::new(Window { ratio, min_per_sec, buckets: VecDeque::new() }) }
     }
 
-    fn with_current<T>(&self, now: Instant, f: impl FnOnce(&mut VecDeque<Bucket>) -> T) -> T {
+    /// Take a new ratio and floor (a reload); the counts of the window are kept.
+    pub fn set_policy(&self, ratio: f64, min_per_sec: u32) {
         let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        w.ratio = ratio;
+        w.min_per_sec = min_per_sec;
+    }
+
+    fn with_current<T>(&self, now: Instant, f: impl FnOnce(f64, u32, &mut VecDeque<Bucket>) -> T) -> T {
+        let mut guard = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let (ratio, min_per_sec) = (guard.ratio, guard.min_per_sec);
+        let w = &mut guard.buckets;
         while w.front().is_some_and(|b| now.saturating_duration_since(b.start) >= BUCKET * BUCKETS as u32) {
             w.pop_front();
         }
         if w.back().is_none_or(|b| now.saturating_duration_since(b.start) >= BUCKET) {
             w.push_back(Bucket { start: now, requests: 0, retries: 0 });
         }
-        f(&mut w)
+        f(ratio, min_per_sec, w)
     }
 
     /// Count a new request (not a retry).
     pub fn deposit(&self, now: Instant) {
-        self.with_current(now, |w| {
+        self.with_current(now, |_, _, w| {
             if let Some(b) = w.back_mut() {
                 b.requests += 1;
             }
@@ -55,8 +70,8 @@ impl RetryBudget {
 
     /// Take permission for one retry; `false` when the budget is spent.
     pub fn try_withdraw(&self, now: Instant) -> bool {
-        let (ratio, floor) = (self.ratio, u64::from(self.min_per_sec) * BUCKETS as u64);
-        self.with_current(now, |w| {
+        self.with_current(now, |ratio, min_per_sec, w| {
+            let floor = u64::from(min_per_sec) * BUCKETS as u64;
             let requests: u64 = w.iter().map(|b| b.requests).sum();
             let retries: u64 = w.iter().map(|b| b.retries).sum();
             let allowed = floor + (ratio * requests as f64) as u64;

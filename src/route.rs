@@ -219,7 +219,11 @@ pub const VIRTUAL_NODES: usize = 160;
 /// FNV-1a with a SplitMix64 finalizer: FNV alone leaves keys that differ in their last
 /// character close together on the ring.
 fn hash64(s: &str) -> u64 {
-    let mut z = crate::sim::text::hash(&[s]);
+    let mut z: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes().chain(std::iter::once(0xff)) {
+        z ^= u64::from(b);
+        z = z.wrapping_mul(0x0000_0100_0000_01b3);
+    }
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -327,7 +331,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::config::NodeConfig;
-    use crate::node::{LoadedModel, NodeTuning, Outcome};
+    use crate::node::{LoadedModel, NodeTuning};
+    use crate::outcome::Outcome;
     use proptest::prelude::*;
     use std::time::Duration;
 

@@ -188,6 +188,13 @@ impl Telemetry {
         broadcast::channel(1024).0
     }
 
+    /// A sink for the registry's node state changes that publishes them on `bus`.
+    pub fn state_sink(bus: broadcast::Sender<Event>) -> crate::node::StateSink {
+        Arc::new(move |c: crate::node::StateChange| {
+            let _ = bus.send(Event::NodeState { node: c.node, from: c.from, to: c.to, reason: c.reason, at: c.at });
+        })
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.bus.subscribe()
     }

@@ -114,22 +114,22 @@ proptest! {
     ) {
         let body = format!(r#"{{"model":"m","messages":{messages},"options":{options},"format":{other},"prompt":{other},"input":{other},"system":{other},"tools":{other}}}"#);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(serde_json::Value::Null);
-        let api = corral::cloud::translate::Native::of(api).unwrap_or(corral::cloud::translate::Native::Chat);
-        let _ = corral::cloud::translate::request(api, &v, "m", corral::cloud::translate::Audience::Cloud);
+        let api = corral::upstream::translate::Native::of(api).unwrap_or(corral::upstream::translate::Native::Chat);
+        let _ = corral::upstream::translate::request(api, &v, "m", corral::upstream::translate::Audience::Cloud);
     }
 
     #[test]
     fn translating_random_upstream_streams_never_panics(chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..8)) {
-        let mut reply = corral::cloud::translate::Reply::native(
-            corral::cloud::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
+        let mut reply = corral::upstream::translate::Reply::native(
+            corral::upstream::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
         for c in &chunks {
             if reply.feed(c).is_err() {
                 break;
             }
         }
         let _ = reply.end();
-        let mut whole = corral::cloud::translate::Reply::native(
-            corral::cloud::translate::Native::Generate, "m", tokio::time::Instant::now(), None);
+        let mut whole = corral::upstream::translate::Reply::native(
+            corral::upstream::translate::Native::Generate, "m", tokio::time::Instant::now(), None);
         let _ = whole.whole(&chunks.concat());
     }
 
@@ -139,8 +139,8 @@ proptest! {
         "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":\"x\"}]}}]}", "data: [DONE]", ": comment",
         "data: {\"usage\":{\"prompt_tokens\":-1}}", "event: x", "data: {\"error\":5}", "data:", "data: \u{0}",
     ]), 0..10)) {
-        let mut reply = corral::cloud::translate::Reply::native(
-            corral::cloud::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
+        let mut reply = corral::upstream::translate::Reply::native(
+            corral::upstream::translate::Native::Chat, "m", tokio::time::Instant::now(), None);
         let wire: String = events.iter().map(|e| format!("{e}\n\n")).collect();
         let _ = reply.feed(wire.as_bytes());
         let _ = reply.end();
@@ -161,7 +161,7 @@ proptest! {
 
     #[test]
     fn redaction_never_panics_on_any_text(text in ".{0,300}") {
-        let mut r = corral::cloud::redact::Redactor::new([text.as_str()]);
+        let mut r = corral::redact::Redactor::new([text.as_str()]);
         let masked = r.redact(&text);
         prop_assert_eq!(r.restorer().restore_all(&masked), text);
     }

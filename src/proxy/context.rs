@@ -13,9 +13,9 @@
 
 use serde_json::Value;
 
-use super::Shared;
 use crate::config::Config;
 use crate::error::BrokerError;
+use crate::state::Shared;
 
 /// Share of the context above which a request passes with a warning header.
 const WARN_SHARE: f64 = 0.85;

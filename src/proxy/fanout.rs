@@ -13,9 +13,10 @@ use futures_util::StreamExt;
 use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
-use super::Shared;
 use crate::error::BrokerError;
 use crate::node::Node;
+use crate::state::Shared;
+use crate::upstream::Upstream;
 
 /// GET `path` from every available node; `(node, JSON)` for those that answered.
 async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, BrokerError> {
@@ -27,30 +28,11 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
     let timeout = Duration::from_millis(config.health.timeout_ms.max(config.proxy.connect_timeout_ms))
         .max(Duration::from_secs(2));
     let asks = nodes.iter().map(|node| {
-        let openai = node.config.kind == crate::config::NodeKind::Openai;
-        let url = if openai {
-            // OpenAI-compatible servers list models at `/v1/models` and have no `/api/ps`.
-            crate::cloud::openai_url(&node.base_url, "/models").to_string()
-        } else {
-            format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path)
-        };
-        let client = shared.client.clone();
-        let node = Arc::clone(node);
+        let client = &shared.client;
         async move {
-            let ask = async {
-                if openai && path == "/api/ps" {
-                    return Some(json!({ "models": [] }));
-                }
-                let resp = client.get(url).send().await.ok()?;
-                if !resp.status().is_success() {
-                    return None;
-                }
-                let v = resp.json::<Value>().await.ok()?;
-                Some(if openai && path == "/api/tags" { openai_models_as_tags(&v) } else { v })
-            };
-            match tokio::time::timeout(timeout, ask).await {
-                Ok(Some(v)) => Some((node, v)),
-                _ => {
+            match Upstream::node(node).metadata(client, path, timeout).await {
+                Some(v) => Some((Arc::clone(node), v)),
+                None => {
                     tracing::debug!(node = %node.name(), path, "node left out of a merged answer");
                     None
                 }
@@ -62,21 +44,6 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
         return Err(BrokerError::NoNodeReachable { detail: format!("no node answered {path}") });
     }
     Ok(answers)
-}
-
-/// An OpenAI-style model list in `/api/tags` shape (what an Ollama client can read).
-pub(crate) fn openai_models_as_tags(v: &Value) -> Value {
-    let models: Vec<Value> = entries(v, "data")
-        .iter()
-        .filter_map(|m| m.get("id").and_then(Value::as_str))
-        .map(|id| {
-            json!({
-                "name": id, "model": id, "modified_at": "1970-01-01T00:00:00Z", "size": 0, "digest": "",
-                "details": { "format": "", "family": "", "parameter_size": "", "quantization_level": "" },
-            })
-        })
-        .collect();
-    json!({ "models": models })
 }
 
 fn entries(v: &Value, key: &str) -> Vec<Value> {
@@ -178,7 +145,8 @@ fn targets(
 
 /// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` on several nodes at once. Streamed
 /// operations (pull and create, unless `"stream": false`) interleave every node's progress
-/// lines as they come, each tagged with `"node"`, and end with one summary line.
+/// lines as they come, each tagged with `"node"`, and end with one summary line. Each node's
+/// part runs on the broker's task tracker, so shutdown waits for it within the drain bound.
 pub(super) async fn model_op(
     shared: &Shared,
     method: &Method,
@@ -195,8 +163,8 @@ pub(super) async fn model_op(
     for node in &nodes {
         let (client, node, tx, body, method) =
             (shared.client.clone(), Arc::clone(node), tx.clone(), body.clone(), method.clone());
-        let target = format!("{}{}", node.base_url.as_str().trim_end_matches('/'), path);
-        tokio::spawn(async move {
+        let target = Upstream::node(&node).url(path);
+        shared.tasks.spawn(async move {
             let name = node.name().to_string();
             let event =
                 match client.request(method, target).header("content-type", "application/json").body(body).send().await
@@ -213,47 +181,58 @@ pub(super) async fn model_op(
     }
     drop(tx);
     if streamed {
-        let stream = futures_util::stream::unfold(
-            (rx, BTreeMap::new(), nodes.len()),
-            |(mut rx, mut done, total)| async move {
-                if done.len() == total {
-                    return None;
-                }
-                let (node, event) = rx.recv().await?;
-                match event {
-                    NodeEvent::Line(mut v) => {
-                        if let Some(obj) = v.as_object_mut() {
-                            obj.insert("node".into(), Value::String(node));
-                        }
-                        Some((Ok::<_, std::convert::Infallible>(Bytes::from(format!("{v}\n"))), (rx, done, total)))
-                    }
-                    NodeEvent::Done { status, error } => {
-                        done.insert(node.clone(), (status, error.clone()));
-                        let mut line =
-                            json!({ "node": node, "status": if error.is_none() { "success" } else { "failed" } });
-                        if let Some(e) = &error {
-                            line["error"] = Value::String(format!("{node}: {e}"));
-                        }
-                        if done.len() == total {
-                            let failed: Vec<String> =
-                                done.iter().filter_map(|(n, (_, e))| e.as_ref().map(|e| format!("{n}: {e}"))).collect();
-                            let summary = if failed.is_empty() {
-                                json!({ "status": "success", "nodes": done.keys().collect::<Vec<_>>() })
-                            } else {
-                                json!({ "error": format!("failed on {} of {} nodes: {}", failed.len(), total, failed.join("; ")), "code": "upstream_failed" })
-                            };
-                            return Some((Ok(Bytes::from(format!("{line}\n{summary}\n"))), (rx, done, total)));
-                        }
-                        Some((Ok(Bytes::from(format!("{line}\n"))), (rx, done, total)))
-                    }
-                }
-            },
-        );
-        let mut r = Response::new(axum::body::Body::from_stream(stream));
+        let mut r = Response::new(axum::body::Body::from_stream(progress(rx, nodes.len())));
         r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
         return Ok(r);
     }
-    let mut rx = rx;
+    collected(rx).await
+}
+
+type NodeEvents = tokio::sync::mpsc::Receiver<(String, NodeEvent)>;
+
+/// Every node's progress lines as they come, each tagged with its node, then one summary.
+fn progress(rx: NodeEvents, total: usize) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    futures_util::stream::unfold((rx, BTreeMap::new()), move |(mut rx, mut done)| async move {
+        if done.len() == total {
+            return None;
+        }
+        let (node, event) = rx.recv().await?;
+        let out = match event {
+            NodeEvent::Line(mut v) => {
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("node".into(), Value::String(node));
+                }
+                format!("{v}\n")
+            }
+            NodeEvent::Done { status, error } => {
+                done.insert(node.clone(), (status, error.clone()));
+                let mut line = json!({ "node": node, "status": if error.is_none() { "success" } else { "failed" } });
+                if let Some(e) = &error {
+                    line["error"] = Value::String(format!("{node}: {e}"));
+                }
+                if done.len() == total {
+                    format!("{line}\n{}\n", summary(&done, total))
+                } else {
+                    format!("{line}\n")
+                }
+            }
+        };
+        Some((Ok(Bytes::from(out)), (rx, done)))
+    })
+}
+
+/// The last line of a streamed model operation: success on every node, or who failed.
+fn summary(done: &BTreeMap<String, (u16, Option<String>)>, total: usize) -> Value {
+    let failed: Vec<String> = done.iter().filter_map(|(n, (_, e))| e.as_ref().map(|e| format!("{n}: {e}"))).collect();
+    if failed.is_empty() {
+        json!({ "status": "success", "nodes": done.keys().collect::<Vec<_>>() })
+    } else {
+        json!({ "error": format!("failed on {} of {} nodes: {}", failed.len(), total, failed.join("; ")), "code": "upstream_failed" })
+    }
+}
+
+/// A non-streamed model operation: wait for every node, then one answer.
+async fn collected(mut rx: NodeEvents) -> Result<Response, BrokerError> {
     let mut results: BTreeMap<String, (u16, Option<String>)> = BTreeMap::new();
     while let Some((node, event)) = rx.recv().await {
         if let NodeEvent::Done { status, error } = event {

@@ -7,32 +7,31 @@
 //!    retryable (full-jitter exponential backoff, bounded attempts, a node is not tried twice
 //!    unless it is the only one). A node's 503 "server busy" is retried elsewhere but is not a
 //!    node failure. 4xx passes through untouched.
-//! 2. After it: bytes are relayed chunk by chunk as they arrive (no buffering). If the node
-//!    breaks off or falls silent past the idle timeout, the stream ends with one more line in
-//!    the stream's own framing, `{"error": ..., "code": ...}`; never a fake `done:true`.
+//! 2. After it: the answer goes to `relay`, which passes it on chunk by chunk and judges the
+//!    exchange once when it ends.
 //!
-//! Each exchange is judged once, when its stream ends or is dropped (`Relay`), and that one
-//! `Outcome` feeds the node's passive health. The in-flight guard lives in the relay, so a node's
-//! slot is held until the client has the last byte or has gone away; dropping the relay drops
-//! the upstream response, which closes the connection and makes Ollama stop generating.
+//! How to reach the node in its dialect (URL, translation, timeouts) is `upstream`'s; this
+//! module decides only what an attempt's result means for the retry loop.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::response::Response;
-use futures_util::StreamExt;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use rand::Rng;
 use tokio::time::Instant;
 
-use super::Shared;
+use super::relay::{self, Source};
 use crate::admit::Ticket;
-use crate::cloud::translate::{self, Audience, Native};
-use crate::config::{Config, NodeKind, Origin};
+use crate::config::{Config, Origin};
 use crate::error::BrokerError;
-use crate::node::{InFlight, Outcome};
-use crate::telemetry::{status_for, Trace};
+use crate::node::InFlight;
+use crate::outcome::Outcome;
+use crate::state::Shared;
+use crate::telemetry::Trace;
+use crate::upstream::openai::{self, Plan};
+use crate::upstream::translate::{native_error, Reply};
+use crate::upstream::{self, Answer, SendError, Upstream};
 
 /// Everything about the client's request that an attempt needs.
 #[derive(Debug, Clone)]
@@ -104,11 +103,12 @@ pub async fn forward(
             t.row.node = Some(node.name().to_string());
         }
         match attempt_once(shared, &config, guard, &out).await {
-            Ok(Answer::Relay(parts)) => {
+            Ok(Attempt::Relay(answer, guard)) => {
                 if let Some(t) = trace.as_mut() {
                     t.mark_first_byte();
                 }
-                let mut resp = parts.into_response(trace.take(), &out.request_id, config.proxy.idle_timeout());
+                let idle = config.proxy.idle_timeout();
+                let mut resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle);
                 let h = resp.headers_mut();
                 if let Ok(v) = HeaderValue::from_str(node.name()) {
                     h.insert("x-corral-node", v);
@@ -116,7 +116,7 @@ pub async fn forward(
                 h.insert("x-corral-attempts", HeaderValue::from(attempt));
                 return Ok(resp);
             }
-            Ok(Answer::Whole(mut resp)) => {
+            Ok(Attempt::Whole(mut resp)) => {
                 let h = resp.headers_mut();
                 if let Ok(v) = HeaderValue::from_str(node.name()) {
                     h.insert("x-corral-node", v);
@@ -178,66 +178,20 @@ fn copy_headers(from: &HeaderMap) -> HeaderMap {
 }
 
 /// What a successful attempt produced.
-enum Answer {
-    /// A body to relay chunk by chunk; its first chunk is already here.
-    Relay(RelayParts),
-    /// A complete, small response (the node's own 404).
+enum Attempt {
+    /// A body to relay chunk by chunk; its first chunk is already here. The guard holds the
+    /// node's slot until the relay ends.
+    Relay(Answer, InFlight),
+    /// A complete, small response (the node's own 404, a refusal in Ollama's words).
     Whole(Response),
 }
 
-/// An answer's body as it arrives: bytes, or why it broke off.
-pub(crate) type BodyStream = futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>>;
-
-/// Why an answer's body broke off.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum BodyError {
-    #[error("{}", root_cause(.0))]
-    Http(#[from] reqwest::Error),
-    /// The upstream's answer could not be translated (an OpenAI-compatible stream that ended
-    /// early or carried an error event).
-    #[error("{0}")]
-    Translate(String),
-}
-
-/// Who produced an answer: a node (whose slot is held until the end, and which is judged by
-/// how the answer ends) or a cloud provider.
-pub(crate) enum Source {
-    Node(InFlight),
-    Provider(String),
-}
-
-pub(crate) struct RelayParts {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub upstream: BodyStream,
-    pub first: Option<Bytes>,
-    pub source: Source,
-}
-
-impl RelayParts {
-    pub(crate) fn into_response(self, trace: Option<Trace>, request_id: &str, idle: Duration) -> Response {
-        let framing = Framing::of(&self.headers);
-        let relay = Relay {
-            upstream: self.upstream,
-            first: self.first,
-            source: Some(self.source),
-            trace,
-            status: self.status,
-            idle,
-            framing,
-            ends_with_newline: true,
-            done: false,
-            request_id: request_id.to_string(),
-            bytes: 0,
-            tail: std::collections::VecDeque::with_capacity(TAIL_CHUNKS),
-            silence: Box::pin(tokio::time::sleep(idle)),
-            stashed: None,
-        };
-        let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
-    }
+/// A small JSON answer with `status`.
+fn whole(status: StatusCode, body: String) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    r
 }
 
 async fn attempt_once(
@@ -245,18 +199,17 @@ async fn attempt_once(
     config: &Config,
     mut guard: InFlight,
     out: &Outbound,
-) -> Result<Answer, AttemptFailed> {
+) -> Result<Attempt, AttemptFailed> {
     let node = Arc::clone(guard.node());
-    let plan = if node.config.kind == NodeKind::Openai {
-        match OpenaiPlan::new(&node, out) {
+    let up = Upstream::node(&node);
+    let plan = if up.is_openai() {
+        let model = out.model.as_deref().unwrap_or_default();
+        match Plan::new(&up, node.name(), &out.path_and_query, model, &out.body) {
             Ok(p) => Some(p),
-            Err((status, msg)) => {
+            Err(refusal) => {
                 guard.judge(Outcome::Success);
-                let mut r = Response::new(Body::from(serde_json::json!({ "error": msg }).to_string()));
-                *r.status_mut() = status;
-                r.headers_mut()
-                    .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
-                return Ok(Answer::Whole(r));
+                let body = serde_json::json!({ "error": refusal.message }).to_string();
+                return Ok(Attempt::Whole(whole(refusal.status, body)));
             }
         }
     } else {
@@ -264,7 +217,7 @@ async fn attempt_once(
     };
     let (url, body) = match &plan {
         Some(p) => (p.url.clone(), p.body.clone()),
-        None => (node_url(&node.base_url, &out.path_and_query), out.body.clone()),
+        None => (up.url(&out.path_and_query), out.body.clone()),
     };
     let mut headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
@@ -275,409 +228,83 @@ async fn attempt_once(
     }
     let request = shared.client.request(out.method.clone(), url).headers(headers).body(body);
     let first_byte = config.proxy.first_byte_timeout();
-    let sent_at = Instant::now();
-    let resp = match tokio::time::timeout(first_byte, request.send()).await {
-        Err(_) => {
-            return Err(failed(
-                &mut guard,
-                Outcome::TimedOut,
-                format!("no answer within {} ms", first_byte.as_millis()),
-            ))
-        }
-        Ok(Err(e)) if e.is_connect() => {
-            return Err(failed(&mut guard, Outcome::ConnectFailed, format!("cannot connect ({})", root_cause(&e))))
-        }
-        Ok(Err(e)) => return Err(failed(&mut guard, Outcome::Failed, format!("request failed ({})", root_cause(&e)))),
-        Ok(Ok(r)) => r,
-    };
-    let status = resp.status();
+    let sent = upstream::send(request, first_byte).await.map_err(|e| failed(&mut guard, e))?;
+    let status = sent.response.status();
     if status.is_server_error() {
-        let body = read_small(resp, Duration::from_secs(2)).await;
+        let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
         let busy = status == StatusCode::SERVICE_UNAVAILABLE && body.contains("server busy");
-        return Err(failed(
-            &mut guard,
-            if busy { Outcome::Busy } else { Outcome::Failed },
-            format!("HTTP {} {}", status.as_u16(), body.trim()),
-        ));
+        let outcome = if busy { Outcome::Busy } else { Outcome::Failed };
+        return Err(judged(&mut guard, outcome, format!("HTTP {} {}", status.as_u16(), body.trim())));
     }
-
+    let native = plan.as_ref().and_then(|p| p.native);
     if status == StatusCode::NOT_FOUND && out.model.is_some() && !out.path_and_query.starts_with("/api/show") {
-        let body = read_small(resp, Duration::from_secs(2)).await;
-        if body.contains("not found") || body.contains("does not exist") {
-            // Stale model list (say, before the first deep probe): try a node that has it.
-            if let Some(m) = &out.model {
-                node.forget_model(m);
-            }
-            return Err(failed(&mut guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
-        }
-        let body = match plan.as_ref().and_then(|p| p.native) {
-            Some(_) => crate::cloud::translate::native_error(body.as_bytes()).to_string(),
-            None => body,
-        };
-        let mut r = Response::new(Body::from(body));
-        *r.status_mut() = status;
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+        return not_found(guard, out, sent.response, native.is_some()).await;
+    }
+    if native.is_some() && status.is_client_error() {
+        // The node's own refusal, in Ollama's words.
+        let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
+        tracing::debug!(node = %node.name(), status = status.as_u16(), "OpenAI-compatible node refused");
         guard.judge(Outcome::Success);
-        return Ok(Answer::Whole(r));
+        return Ok(Attempt::Whole(whole(status, native_error(body.as_bytes()).to_string())));
     }
-    let mut resp_headers = copy_headers(resp.headers());
-    // Phase one ends with the first byte of the body: until then a retry is still safe.
-    let remaining = first_byte.saturating_sub(sent_at.elapsed());
-    let mut upstream: BodyStream = match plan.and_then(|p| p.native.map(|n| (n, p.model))) {
-        None => resp.bytes_stream().map(|r| r.map_err(BodyError::from)).boxed(),
-        Some(((api, _), _)) if status.is_client_error() => {
-            // The node's own refusal, in Ollama's words.
-            let body = read_small(resp, Duration::from_secs(2)).await;
-            let mut r = Response::new(Body::from(crate::cloud::translate::native_error(body.as_bytes()).to_string()));
-            *r.status_mut() = status;
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
-            tracing::debug!(node = %node.name(), ?api, status = status.as_u16(), "OpenAI-compatible node refused");
-            guard.judge(Outcome::Success);
-            return Ok(Answer::Whole(r));
+    let answer = node_answer(sent, plan).await.map_err(|e| failed(&mut guard, e))?;
+    node.observe_ttfb(answer.sent_at.elapsed());
+    Ok(Attempt::Relay(answer, guard))
+}
+
+/// A node's 404 for a request naming a model: "model not found" means its model list was
+/// stale (try a node that has it); anything else is the node's own answer.
+async fn not_found(
+    mut guard: InFlight,
+    out: &Outbound,
+    resp: reqwest::Response,
+    translated: bool,
+) -> Result<Attempt, AttemptFailed> {
+    let body = upstream::read_small(resp, Duration::from_secs(2)).await;
+    if body.contains("not found") || body.contains("does not exist") {
+        // Stale model list (say, before the first deep probe): try a node that has it.
+        if let Some(m) = &out.model {
+            guard.node().forget_model(m);
         }
+        return Err(judged(&mut guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
+    }
+    let body = if translated { native_error(body.as_bytes()).to_string() } else { body };
+    guard.judge(Outcome::Success);
+    Ok(Attempt::Whole(whole(StatusCode::NOT_FOUND, body)))
+}
+
+/// The answer's body (translated back for an OpenAI-compatible node) up to its first chunk.
+async fn node_answer(sent: upstream::Sent, plan: Option<Plan>) -> Result<Answer, SendError> {
+    let status = sent.response.status();
+    let mut headers = copy_headers(sent.response.headers());
+    let remaining = sent.remaining();
+    let (sent_at, first_byte) = (sent.sent_at, sent.first_byte);
+    let body = match plan.and_then(|p| p.native.map(|n| (n, p.model))) {
+        None => upstream::raw_body(sent.response),
         Some(((api, stream), model)) => {
-            let reply = crate::cloud::translate::Reply::native(api, &model, sent_at, None);
-            match crate::cloud::answer_body(resp, Some(reply), stream, remaining).await {
-                Ok((content_type, body)) => {
-                    resp_headers.insert(header::CONTENT_TYPE, content_type);
-                    body
-                }
-                Err(why) => return Err(failed(&mut guard, Outcome::Failed, why)),
-            }
+            let reply = Reply::native(api, &model, sent_at, None);
+            let (content_type, body) =
+                openai::answer_body(sent.response, Some(reply), stream, remaining).await.map_err(SendError::Failed)?;
+            headers.insert(header::CONTENT_TYPE, content_type);
+            body
         }
     };
-    let first = match tokio::time::timeout(remaining, upstream.next()).await {
-        Err(_) => {
-            return Err(failed(
-                &mut guard,
-                Outcome::TimedOut,
-                format!("headers but no body within {} ms", first_byte.as_millis()),
-            ))
-        }
-        Ok(Some(Err(e))) => {
-            return Err(failed(&mut guard, Outcome::Failed, format!("body failed before the first byte ({e})")))
-        }
-        Ok(Some(Ok(b))) => Some(b),
-        Ok(None) => None,
-    };
-    node.observe_ttfb(sent_at.elapsed());
-
-    Ok(Answer::Relay(RelayParts { status, headers: resp_headers, upstream, first, source: Source::Node(guard) }))
-}
-
-/// How a request goes to a `kind = "openai"` node: Ollama's native endpoints translated to
-/// Chat Completions / Embeddings, `/v1` as it came.
-struct OpenaiPlan {
-    url: url::Url,
-    body: Bytes,
-    /// The translated endpoint and whether the client wants a stream; `None` for `/v1`.
-    native: Option<(Native, bool)>,
-    /// The model name the client used, echoed in the answer.
-    model: String,
-}
-
-impl OpenaiPlan {
-    /// The plan, or the answer to give the client instead (a request that cannot be
-    /// translated, an endpoint such a node does not have).
-    fn new(node: &crate::node::Node, out: &Outbound) -> Result<Self, (StatusCode, String)> {
-        let refuse = |status: StatusCode, msg: String| (status, msg);
-        let path = out.path_and_query.split('?').next().unwrap_or("");
-        let model = out.model.clone().unwrap_or_default();
-        if let Some(rest) = out.path_and_query.strip_prefix("/v1") {
-            return Ok(Self {
-                url: crate::cloud::openai_url(&node.base_url, rest),
-                body: out.body.clone(),
-                native: None,
-                model,
-            });
-        }
-        let Some(api) = Native::of(path) else {
-            return Err(refuse(
-                StatusCode::NOT_IMPLEMENTED,
-                format!("node {} is an OpenAI-compatible server; it has no {path}", node.name()),
-            ));
-        };
-        let parsed: serde_json::Value =
-            serde_json::from_slice(&out.body).map_err(|e| refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let upstream_model = model.strip_suffix(":latest").unwrap_or(&model);
-        let t = translate::request(api, &parsed, upstream_model, Audience::Node)
-            .map_err(|e| refuse(StatusCode::BAD_REQUEST, e.0))?;
-        Ok(Self {
-            url: crate::cloud::openai_url(&node.base_url, api.upstream_path()),
-            body: Bytes::from(t.body.to_string()),
-            native: Some((api, t.stream)),
-            model,
-        })
-    }
-}
-
-/// The node's URL for a request path, from its parsed base URL: no re-parsing (and no IDNA
-/// pass) of the host per request. A base path (`http://host/ollama`) is kept as a prefix.
-fn node_url(base: &url::Url, path_and_query: &str) -> url::Url {
-    let mut url = base.clone();
-    let (path, query) = path_and_query.split_once('?').map_or((path_and_query, None), |(p, q)| (p, Some(q)));
-    let prefix = base.path().trim_end_matches('/');
-    url.set_path(&format!("{prefix}{path}"));
-    url.set_query(query);
-    url
+    upstream::first_chunk(status, headers, body, sent_at, remaining, first_byte).await
 }
 
 /// Judge a failed attempt on its guard (which frees the slot when dropped) and describe it.
-fn failed(guard: &mut InFlight, outcome: Outcome, detail: String) -> AttemptFailed {
+fn judged(guard: &mut InFlight, outcome: Outcome, detail: String) -> AttemptFailed {
     guard.judge(outcome);
     AttemptFailed { outcome, detail }
 }
 
-/// The error's innermost cause, which is the useful one ("Connection refused").
-pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    cur.to_string()
-}
-
-pub(crate) async fn read_small(resp: reqwest::Response, within: Duration) -> String {
-    let mut out = Vec::new();
-    let mut stream = resp.bytes_stream();
-    let read = async {
-        while let Some(Ok(chunk)) = stream.next().await {
-            out.extend_from_slice(&chunk);
-            if out.len() > 4096 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(within, read).await;
-    out.truncate(4096);
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// How the answer is framed, which decides how a mid-stream failure is told to the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// Ollama's streams: one JSON object per line.
-    Ndjson,
-    /// `/v1` streams: `data: {...}` events.
-    Sse,
-    /// A single document: a break cannot be marked inside it, so the connection is aborted.
-    Opaque,
-}
-
-impl Framing {
-    fn of(headers: &HeaderMap) -> Self {
-        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-        if ct.starts_with("application/x-ndjson") {
-            Self::Ndjson
-        } else if ct.starts_with("text/event-stream") {
-            Self::Sse
-        } else {
-            Self::Opaque
-        }
-    }
-}
-
-/// Largest write made by joining frames that are already there.
-const COALESCE_MAX: usize = 64 * 1024;
-
-/// Chunks kept for reading token counts at the end: Ollama's final line, or OpenAI's usage
-/// event followed by `[DONE]`.
-const TAIL_CHUNKS: usize = 4;
-
-/// Relays an answer's body and judges the exchange when it ends.
-struct Relay {
-    upstream: BodyStream,
-    first: Option<Bytes>,
-    source: Option<Source>,
-    trace: Option<Trace>,
-    status: StatusCode,
-    /// The last chunks relayed (shared, not copied), where the token counts are.
-    tail: std::collections::VecDeque<Bytes>,
-    /// One timer for the idle timeout, re-armed per chunk rather than allocated per chunk.
-    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// The end of the body, or an error, met while coalescing; handled on the next call.
-    stashed: Option<Option<Result<Bytes, BodyError>>>,
-    idle: Duration,
-    framing: Framing,
-    ends_with_newline: bool,
-    done: bool,
-    request_id: String,
-    bytes: usize,
-}
-
-impl Relay {
-    async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
-        if self.done {
-            return None;
-        }
-        if let Some(first) = self.first.take() {
-            let chunk = self.coalesce(first);
-            return Some((Ok(self.pass(chunk)), self));
-        }
-        let next = match self.stashed.take() {
-            Some(item) => Ok(item),
-            None => {
-                let deadline = Instant::now() + self.idle;
-                self.silence.as_mut().reset(deadline);
-                tokio::select! {
-                    biased;
-                    item = self.upstream.next() => Ok(item),
-                    _ = self.silence.as_mut() => Err(()),
-                }
-            }
-        };
-        match next {
-            Ok(Some(Ok(chunk))) => {
-                let chunk = self.coalesce(chunk);
-                Some((Ok(self.pass(chunk)), self))
-            }
-            Ok(None) => {
-                self.finish(Outcome::Success, "");
-                None
-            }
-            Ok(Some(Err(e))) => {
-                let why = format!("the answer stopped mid-stream ({e})");
-                self.fail(Outcome::StreamCut, why, "stream_interrupted")
-            }
-            Err(_) => {
-                let why = format!("node sent nothing for {} ms mid-stream", self.idle.as_millis());
-                self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
-            }
-        }
-    }
-
-    /// Join `chunk` with whatever the node has already sent after it (never waiting), so a
-    /// burst of small frames leaves as one write instead of one syscall each. An end or error
-    /// met on the way is kept for the next call.
-    fn coalesce(&mut self, chunk: Bytes) -> Bytes {
-        use futures_util::FutureExt;
-        let mut joined: Option<bytes::BytesMut> = None;
-        loop {
-            let len = joined.as_ref().map_or(chunk.len(), |j| j.len());
-            if len >= COALESCE_MAX {
-                break;
-            }
-            match self.upstream.next().now_or_never() {
-                Some(Some(Ok(more))) => {
-                    joined.get_or_insert_with(|| bytes::BytesMut::from(&chunk[..])).extend_from_slice(&more)
-                }
-                Some(other) => {
-                    self.stashed = Some(other);
-                    break;
-                }
-                None => break,
-            }
-        }
-        joined.map_or(chunk, bytes::BytesMut::freeze)
-    }
-
-    fn pass(&mut self, chunk: Bytes) -> Bytes {
-        if let Some(&last) = chunk.last() {
-            self.ends_with_newline = last == b'\n';
-        }
-        self.bytes += chunk.len();
-        if self.tail.len() == TAIL_CHUNKS {
-            self.tail.pop_front();
-        }
-        self.tail.push_back(chunk.clone());
-        chunk
-    }
-
-    /// The last few KiB relayed, for the token counts in the final chunk or usage event.
-    fn tail_bytes(&self) -> Vec<u8> {
-        let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
-        joined[joined.len().saturating_sub(16 * 1024)..].to_vec()
-    }
-
-    fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
-        let node = self.finish(outcome, &why);
-        let message = format!("{why} on {node}; the answer is incomplete");
-        let item = match self.framing {
-            Framing::Ndjson => {
-                let line = serde_json::json!({ "error": message, "code": code });
-                let lead = if self.ends_with_newline { "" } else { "\n" };
-                Ok(Bytes::from(format!("{lead}{line}\n")))
-            }
-            Framing::Sse => {
-                let event = serde_json::json!({ "error": { "message": message, "type": "api_error", "code": code } });
-                let lead = if self.ends_with_newline { "" } else { "\n\n" };
-                Ok(Bytes::from(format!("{lead}data: {event}\n\n")))
-            }
-            Framing::Opaque => Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, message)),
-        };
-        Some((item, self))
-    }
-
-    /// Judge the exchange once and free the node's slot. Returns who answered ("node gpu0",
-    /// "provider openai").
-    fn finish(&mut self, outcome: Outcome, detail: &str) -> String {
-        self.done = true;
-        let Some(source) = self.source.take() else { return String::new() };
-        // Held to the end of this function: the node's slot frees after the record is made.
-        let mut guard = None;
-        let name = match source {
-            Source::Node(mut g) => {
-                g.judge(outcome);
-                let name = format!("node {}", g.node().name());
-                guard = Some(g);
-                name
-            }
-            Source::Provider(p) => format!("provider {p}"),
-        };
-        if let Some(mut t) = self.trace.take() {
-            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail_bytes());
-            t.row.prompt_tokens = prompt;
-            t.row.completion_tokens = completion;
-            let (status, code) = match outcome {
-                Outcome::Success => (status_for(self.status.as_u16()), None),
-                Outcome::ClientGone => ("cancelled", Some("client_gone")),
-                Outcome::TimedOut => ("interrupted", Some("stream_idle_timeout")),
-                _ => ("interrupted", Some("stream_interrupted")),
-            };
-            t.finish(status, Some(self.status.as_u16()), code);
-        }
-        if outcome.is_node_failure() {
-            tracing::warn!(request_id = %self.request_id, from = %name, ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
-        } else {
-            tracing::debug!(request_id = %self.request_id, from = %name, ?outcome, bytes = self.bytes, "answer relayed");
-        }
-        drop(guard);
-        name
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        if self.source.is_some() {
-            // Dropped before the end: the client went away. Dropping `upstream` closes the
-            // node's connection, so it stops generating.
-            self.finish(Outcome::ClientGone, "client disconnected");
-        }
-    }
-}
-
-impl Shared {
-    /// Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2^retry)].
-    fn backoff(&self, retry: u32) -> Duration {
-        let config = self.config();
-        let r = &config.retry;
-        let ceiling = r.backoff_base_ms.saturating_mul(1u64 << retry.min(20)).min(r.backoff_cap_ms);
-        let ms = self.rng().gen_range(0..=ceiling);
-        Duration::from_millis(ms)
-    }
+fn failed(guard: &mut InFlight, e: SendError) -> AttemptFailed {
+    judged(guard, e.outcome(), e.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn node_urls_keep_base_paths_and_queries() {
-        let base = url::Url::parse("http://10.0.0.5:11434").expect("url");
-        assert_eq!(node_url(&base, "/api/chat").as_str(), "http://10.0.0.5:11434/api/chat");
-        let prefixed = url::Url::parse("http://gpu.local/ollama/").expect("url");
-        assert_eq!(node_url(&prefixed, "/v1/models?x=1").as_str(), "http://gpu.local/ollama/v1/models?x=1");
-    }
 
     #[test]
     fn hop_headers_and_host_are_not_forwarded() {

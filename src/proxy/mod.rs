@@ -9,165 +9,22 @@
 mod context;
 mod fanout;
 mod forward;
+mod relay;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, Method};
-use rand::rngs::SmallRng;
-use rand::SeedableRng;
-use tokio_util::sync::CancellationToken;
 
-use arc_swap::ArcSwap;
-
-use crate::admit::Admission;
 use crate::config::{Config, ListenerConfig};
 use crate::error::BrokerError;
-use crate::node::Registry;
-use crate::retry::RetryBudget;
-use crate::route::Router;
-use crate::telemetry::{status_for, Telemetry, Trace};
+use crate::state::Shared;
+use crate::telemetry::{status_for, Trace};
 
-pub(crate) use fanout::openai_models_as_tags;
 pub use forward::Outbound;
-pub(crate) use forward::{read_small, root_cause, BodyError, BodyStream, RelayParts, Source};
-
-/// State shared by every proxy listener (and the admin API, which changes it at runtime).
-pub struct Shared {
-    config: ArcSwap<Config>,
-    routers: ArcSwap<HashMap<String, Arc<Router>>>,
-    pub registry: Arc<Registry>,
-    pub admission: Arc<Admission>,
-    pub retry_budget: RetryBudget,
-    pub client: reqwest::Client,
-    pub shutdown: CancellationToken,
-    pub telemetry: Arc<Telemetry>,
-    /// Outcome of config file reloads, for status displays.
-    pub reload: Arc<Mutex<crate::reload::ReloadStatus>>,
-    /// Clients for cloud providers (per connect timeout).
-    pub cloud_clients: crate::cloud::Clients,
-    /// False while an operator has paused the broker: new requests get 503 `paused`.
-    accepting: std::sync::atomic::AtomicBool,
-    seed: Option<u64>,
-    rng: Mutex<SmallRng>,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("proxy::Shared").field("registry", &self.registry).finish()
-    }
-}
-
-fn routers_for(config: &Config, seed: Option<u64>) -> HashMap<String, Arc<Router>> {
-    config
-        .categories
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.name.clone(), Arc::new(Router::new(c, seed.map(|s| s.wrapping_add(i as u64))))))
-        .collect()
-}
-
-impl Shared {
-    pub fn new(
-        config: Config,
-        registry: Arc<Registry>,
-        client: reqwest::Client,
-        shutdown: CancellationToken,
-        telemetry: Arc<Telemetry>,
-        seed: Option<u64>,
-    ) -> Self {
-        let rng = match seed {
-            Some(s) => SmallRng::seed_from_u64(s ^ 0x5eed),
-            None => SmallRng::from_entropy(),
-        };
-        telemetry.set_alerts(config.alerts.clone());
-        Self {
-            routers: ArcSwap::from_pointee(routers_for(&config, seed)),
-            admission: Arc::new(Admission::new(Arc::clone(&registry), config.queue.clone())),
-            retry_budget: RetryBudget::new(config.retry.budget_ratio, config.retry.budget_min_per_sec),
-            config: ArcSwap::from_pointee(config),
-            registry,
-            client,
-            shutdown,
-            telemetry,
-            reload: Arc::default(),
-            cloud_clients: crate::cloud::Clients::default(),
-            accepting: std::sync::atomic::AtomicBool::new(true),
-            seed,
-            rng: Mutex::new(rng),
-        }
-    }
-
-    /// The config in force (a snapshot: it may be replaced at any time).
-    pub fn config(&self) -> Arc<Config> {
-        self.config.load_full()
-    }
-
-    /// Swap in a validated config: categories (and their routers), node settings, queue
-    /// limits. Listeners and addresses stay as they were bound.
-    pub fn apply(&self, next: Config) {
-        let prev = self.config();
-        // Nodes: add new, drop gone (their in-flight requests finish), update the rest.
-        for gone in prev.nodes.iter().filter(|p| !next.nodes.iter().any(|n| n.name == p.name)) {
-            self.registry.remove(&gone.name);
-            tracing::info!(node = %gone.name, "node removed");
-        }
-        for n in &next.nodes {
-            match self.registry.get(&n.name) {
-                Some(node) if node.config.url == n.url && node.config.kind == n.kind => {
-                    node.set_weight(n.weight);
-                    node.set_max_concurrency(n.max_concurrency);
-                    let was = prev.nodes.iter().find(|p| p.name == n.name).map(|p| p.enabled);
-                    if was != Some(n.enabled) {
-                        node.set_enabled(n.enabled);
-                    }
-                }
-                existing => {
-                    if existing.is_some() {
-                        self.registry.remove(&n.name);
-                    }
-                    match self.registry.add(n.clone()) {
-                        Ok(_) => tracing::info!(node = %n.name, url = %n.url, "node added"),
-                        Err(e) => tracing::error!(node = %n.name, error = %e, "node not added"),
-                    }
-                }
-            }
-        }
-        if prev.categories != next.categories {
-            self.routers.store(Arc::new(routers_for(&next, self.seed)));
-        }
-        self.admission.set_limits(next.queue.clone());
-        self.telemetry.set_alerts(next.alerts.clone());
-        self.config.store(Arc::new(next));
-        self.admission.dispatch();
-    }
-
-    /// Pause or resume taking new requests (running ones always finish).
-    pub fn set_accepting(&self, on: bool) {
-        let was = self.accepting.swap(on, std::sync::atomic::Ordering::AcqRel);
-        if was != on {
-            tracing::warn!(accepting = on, "broker {}", if on { "resumed" } else { "paused: new requests get 503" });
-        }
-    }
-
-    pub fn accepting(&self) -> bool {
-        self.accepting.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    fn rng(&self) -> MutexGuard<'_, SmallRng> {
-        self.rng.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The router of `category` (the default one for a category that just vanished).
-    fn router(&self, category: &str) -> Option<Arc<Router>> {
-        let routers = self.routers.load();
-        routers.get(category).or_else(|| routers.get("default")).or_else(|| routers.values().next()).cloned()
-    }
-}
 
 /// Per-listener state: the shared broker plus what this socket says about its clients.
 #[derive(Clone, Debug)]
@@ -332,83 +189,124 @@ async fn serve(
             .into_response());
     }
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
-
-    let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
-        match path.strip_prefix("/v1/models/") {
-            Some(m) => (Some(m.to_string()), None, None),
-            None => model_of(&body).map(|(m, s, v)| (Some(m), s, Some(v))).map_err(|e| (e, 0))?,
-        }
-    } else {
-        (None, None, None)
-    };
-    if let Some(t) = trace.as_mut() {
-        t.row.model = model.clone().unwrap_or_default();
-        // Ollama's own endpoints stream unless told not to; `/v1` only when asked.
-        t.row.streamed = stream.unwrap_or(
-            !path.starts_with("/v1/")
-                && matches!(path.as_str(), "/api/chat" | "/api/generate" | "/api/pull" | "/api/create" | "/api/push"),
-        );
-    }
-    let category = categorize(&config, &state.listener, &parts.headers, model.as_deref()).map_err(|e| (e, 0))?;
-    if let Some(t) = trace.as_mut() {
-        t.row.category = category.clone();
-    }
-    let queue_timeout = queue_timeout(&config, &category, &parts.headers).map_err(|e| (e, 0))?;
-    let context_warning = match (model.as_deref(), parsed.as_ref(), config.proxy.context_guard) {
-        (Some(m), Some(v), true) => context::check(shared, &config, &path, m, v).map_err(|e| (e, 0))?,
-        _ => None,
-    };
-    // The parsed tree can be large (images): do not hold it while the answer streams.
-    drop(parsed);
-
+    let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
     match endpoint {
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
         Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
         Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
         Endpoint::ModelOp => {
-            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model.as_deref())
+            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, asked.model.as_deref())
                 .await
                 .map_err(|e| (e, 0))
         }
         _ => {}
     }
-    let cat = config.category(&category);
+    let cat = config.category(&asked.category);
     let session = parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string);
     // Kept for a cloud fallback: the body is shared, not copied.
     let fallback_body = body.clone();
-    let fallback_model = model.clone();
     let out = Outbound {
         method: parts.method.clone(),
         path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path.clone()),
         headers: parts.headers,
         body,
-        model,
+        model: asked.model.clone(),
         priority: cat.map_or(1, |c| c.priority),
         origin: state.listener.origin,
         session,
-        category,
+        category: asked.category.clone(),
         request_id: id.to_string(),
-        queue_timeout,
+        queue_timeout: asked.queue_timeout,
     };
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
-        Err((local, attempts)) => match (cat, fallback_model) {
+        Err((local, attempts)) => match (cat, asked.model.as_deref()) {
             (Some(cat), Some(model)) if crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) => {
-                let req = crate::cloud::Request {
-                    path: &path,
-                    body: &fallback_body,
-                    model: &model,
-                    category: cat,
-                    request_id: id,
-                    local_attempts: attempts,
-                };
-                crate::cloud::fall_back(shared, req, local, trace).await.map_err(|e| (e, attempts))?
+                let req =
+                    crate::cloud::Request { path: &path, body: &fallback_body, model, category: cat, request_id: id };
+                fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
             }
             (_, _) => return Err((local, attempts)),
         },
     };
-    if let Some(w) = context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
+    if let Some(w) = asked.context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
+    }
+    Ok(response)
+}
+
+/// What the request asks for, read from its body and headers before anything is sent.
+struct Asked {
+    model: Option<String>,
+    category: String,
+    queue_timeout: Duration,
+    context_warning: Option<String>,
+}
+
+impl Asked {
+    fn read(
+        state: &ProxyState,
+        config: &Config,
+        endpoint: Endpoint,
+        parts: &http::request::Parts,
+        body: &[u8],
+        trace: &mut Option<Trace>,
+    ) -> Result<Self, BrokerError> {
+        let path = parts.uri.path();
+        let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
+            match path.strip_prefix("/v1/models/") {
+                Some(m) => (Some(m.to_string()), None, None),
+                None => model_of(body).map(|(m, s, v)| (Some(m), s, Some(v)))?,
+            }
+        } else {
+            (None, None, None)
+        };
+        if let Some(t) = trace.as_mut() {
+            t.row.model = model.clone().unwrap_or_default();
+            // Ollama's own endpoints stream unless told not to; `/v1` only when asked.
+            t.row.streamed = stream.unwrap_or(
+                !path.starts_with("/v1/")
+                    && matches!(path, "/api/chat" | "/api/generate" | "/api/pull" | "/api/create" | "/api/push"),
+            );
+        }
+        let category = categorize(config, &state.listener, &parts.headers, model.as_deref())?;
+        if let Some(t) = trace.as_mut() {
+            t.row.category = category.clone();
+        }
+        let queue_timeout = queue_timeout(config, &category, &parts.headers)?;
+        let context_warning = match (model.as_deref(), parsed.as_ref(), config.proxy.context_guard) {
+            (Some(m), Some(v), true) => context::check(&state.shared, config, path, m, v)?,
+            _ => None,
+        };
+        // The parsed tree can be large (images): it is dropped here, not held while the answer
+        // streams.
+        Ok(Self { model, category, queue_timeout, context_warning })
+    }
+}
+
+/// Answer from the category's cloud providers; relayed and recorded like a node's answer,
+/// marked `X-Corral-Fallback`.
+async fn fall_back(
+    shared: &Shared,
+    config: &Config,
+    req: crate::cloud::Request<'_>,
+    local: BrokerError,
+    attempts: u32,
+    trace: &mut Option<Trace>,
+) -> Result<Response, BrokerError> {
+    let request_id = req.request_id.to_string();
+    let fb = crate::cloud::fall_back(config, &shared.cloud_clients, req, local).await?;
+    if let Some(t) = trace.as_mut() {
+        t.mark_dispatched();
+        t.mark_first_byte();
+        t.row.fallback = Some(fb.provider.clone());
+        t.row.attempts = i64::from(attempts) + 1;
+    }
+    let idle = config.proxy.idle_timeout();
+    let header = HeaderValue::from_str(&fb.provider).ok();
+    let mut response = relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle);
+    if let Some(v) = header {
+        response.headers_mut().insert("x-corral-fallback", v);
     }
     Ok(response)
 }

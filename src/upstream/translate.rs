@@ -16,7 +16,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
-use super::redact::Restorer;
+use crate::redact::Restorer;
 
 /// An Ollama endpoint that can be served by an OpenAI-compatible upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,266 @@
+//! The streaming relay: an upstream's answer passed to the client chunk by chunk as it
+//! arrives (no buffering; frames that are already there leave as one write), and the one
+//! verdict on the exchange when it ends.
+//!
+//! If the upstream breaks off or falls silent past the idle timeout, the stream ends with one
+//! more line in the stream's own framing, `{"error": ..., "code": ...}`; never a fake
+//! `done:true`. The exchange is judged once, when its stream ends or is dropped: that one
+//! `Outcome` feeds the node's passive health and the request's record. The in-flight guard
+//! lives here, so a node's slot is held until the client has the last byte or has gone away;
+//! dropping the relay drops the upstream response, which closes the connection and makes
+//! Ollama stop generating.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::response::Response;
+use futures_util::StreamExt;
+use http::{header, HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use crate::node::InFlight;
+use crate::outcome::Outcome;
+use crate::telemetry::{status_for, Trace};
+use crate::upstream::{Answer, BodyError, BodyStream};
+
+/// Who produced an answer: a node (whose slot is held until the end, and which is judged by
+/// how the answer ends) or a cloud provider.
+pub(crate) enum Source {
+    Node(InFlight),
+    Provider(String),
+}
+
+/// The client's response for `answer`, relayed as it arrives; `trace` is finished when the
+/// body ends.
+pub(crate) fn respond(
+    answer: Answer,
+    source: Source,
+    trace: Option<Trace>,
+    request_id: &str,
+    idle: Duration,
+) -> Response {
+    let framing = Framing::of(&answer.headers);
+    let relay = Relay {
+        upstream: answer.body,
+        first: answer.first,
+        source: Some(source),
+        trace,
+        status: answer.status,
+        idle,
+        framing,
+        ends_with_newline: true,
+        done: false,
+        request_id: request_id.to_string(),
+        bytes: 0,
+        tail: std::collections::VecDeque::with_capacity(TAIL_CHUNKS),
+        silence: Box::pin(tokio::time::sleep(idle)),
+        stashed: None,
+    };
+    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
+    *response.status_mut() = answer.status;
+    *response.headers_mut() = answer.headers;
+    response
+}
+
+/// How the answer is framed, which decides how a mid-stream failure is told to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// Ollama's streams: one JSON object per line.
+    Ndjson,
+    /// `/v1` streams: `data: {...}` events.
+    Sse,
+    /// A single document: a break cannot be marked inside it, so the connection is aborted.
+    Opaque,
+}
+
+impl Framing {
+    fn of(headers: &HeaderMap) -> Self {
+        let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+        if ct.starts_with("application/x-ndjson") {
+            Self::Ndjson
+        } else if ct.starts_with("text/event-stream") {
+            Self::Sse
+        } else {
+            Self::Opaque
+        }
+    }
+}
+
+/// Largest write made by joining frames that are already there.
+const COALESCE_MAX: usize = 64 * 1024;
+
+/// Chunks kept for reading token counts at the end: Ollama's final line, or OpenAI's usage
+/// event followed by `[DONE]`.
+const TAIL_CHUNKS: usize = 4;
+
+/// Relays an answer's body and judges the exchange when it ends.
+struct Relay {
+    upstream: BodyStream,
+    first: Option<Bytes>,
+    source: Option<Source>,
+    trace: Option<Trace>,
+    status: StatusCode,
+    /// The last chunks relayed (shared, not copied), where the token counts are.
+    tail: std::collections::VecDeque<Bytes>,
+    /// One timer for the idle timeout, re-armed per chunk rather than allocated per chunk.
+    silence: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// The end of the body, or an error, met while coalescing; handled on the next call.
+    stashed: Option<Option<Result<Bytes, BodyError>>>,
+    idle: Duration,
+    framing: Framing,
+    ends_with_newline: bool,
+    done: bool,
+    request_id: String,
+    bytes: usize,
+}
+
+impl Relay {
+    async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
+        if self.done {
+            return None;
+        }
+        if let Some(first) = self.first.take() {
+            let chunk = self.coalesce(first);
+            return Some((Ok(self.pass(chunk)), self));
+        }
+        let next = match self.stashed.take() {
+            Some(item) => Ok(item),
+            None => {
+                let deadline = Instant::now() + self.idle;
+                self.silence.as_mut().reset(deadline);
+                tokio::select! {
+                    biased;
+                    item = self.upstream.next() => Ok(item),
+                    _ = self.silence.as_mut() => Err(()),
+                }
+            }
+        };
+        match next {
+            Ok(Some(Ok(chunk))) => {
+                let chunk = self.coalesce(chunk);
+                Some((Ok(self.pass(chunk)), self))
+            }
+            Ok(None) => {
+                self.finish(Outcome::Success, "");
+                None
+            }
+            Ok(Some(Err(e))) => {
+                let why = format!("the answer stopped mid-stream ({e})");
+                self.fail(Outcome::StreamCut, why, "stream_interrupted")
+            }
+            Err(_) => {
+                let why = format!("node sent nothing for {} ms mid-stream", self.idle.as_millis());
+                self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
+            }
+        }
+    }
+
+    /// Join `chunk` with whatever the node has already sent after it (never waiting), so a
+    /// burst of small frames leaves as one write instead of one syscall each. An end or error
+    /// met on the way is kept for the next call.
+    fn coalesce(&mut self, chunk: Bytes) -> Bytes {
+        use futures_util::FutureExt;
+        let mut joined: Option<bytes::BytesMut> = None;
+        loop {
+            let len = joined.as_ref().map_or(chunk.len(), |j| j.len());
+            if len >= COALESCE_MAX {
+                break;
+            }
+            match self.upstream.next().now_or_never() {
+                Some(Some(Ok(more))) => {
+                    joined.get_or_insert_with(|| bytes::BytesMut::from(&chunk[..])).extend_from_slice(&more)
+                }
+                Some(other) => {
+                    self.stashed = Some(other);
+                    break;
+                }
+                None => break,
+            }
+        }
+        joined.map_or(chunk, bytes::BytesMut::freeze)
+    }
+
+    fn pass(&mut self, chunk: Bytes) -> Bytes {
+        if let Some(&last) = chunk.last() {
+            self.ends_with_newline = last == b'\n';
+        }
+        self.bytes += chunk.len();
+        if self.tail.len() == TAIL_CHUNKS {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(chunk.clone());
+        chunk
+    }
+
+    /// The last few KiB relayed, for the token counts in the final chunk or usage event.
+    fn tail_bytes(&self) -> Vec<u8> {
+        let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
+        joined[joined.len().saturating_sub(16 * 1024)..].to_vec()
+    }
+
+    fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
+        let node = self.finish(outcome, &why);
+        let message = format!("{why} on {node}; the answer is incomplete");
+        let item = match self.framing {
+            Framing::Ndjson => {
+                let line = serde_json::json!({ "error": message, "code": code });
+                let lead = if self.ends_with_newline { "" } else { "\n" };
+                Ok(Bytes::from(format!("{lead}{line}\n")))
+            }
+            Framing::Sse => {
+                let event = serde_json::json!({ "error": { "message": message, "type": "api_error", "code": code } });
+                let lead = if self.ends_with_newline { "" } else { "\n\n" };
+                Ok(Bytes::from(format!("{lead}data: {event}\n\n")))
+            }
+            Framing::Opaque => Err(std::io::Error::new(std::io::ErrorKind::ConnectionAborted, message)),
+        };
+        Some((item, self))
+    }
+
+    /// Judge the exchange once and free the node's slot. Returns who answered ("node gpu0",
+    /// "provider openai").
+    fn finish(&mut self, outcome: Outcome, detail: &str) -> String {
+        self.done = true;
+        let Some(source) = self.source.take() else { return String::new() };
+        // Held to the end of this function: the node's slot frees after the record is made.
+        let mut guard = None;
+        let name = match source {
+            Source::Node(mut g) => {
+                g.judge(outcome);
+                let name = format!("node {}", g.node().name());
+                guard = Some(g);
+                name
+            }
+            Source::Provider(p) => format!("provider {p}"),
+        };
+        if let Some(mut t) = self.trace.take() {
+            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail_bytes());
+            t.row.prompt_tokens = prompt;
+            t.row.completion_tokens = completion;
+            let (status, code) = match outcome {
+                Outcome::Success => (status_for(self.status.as_u16()), None),
+                Outcome::ClientGone => ("cancelled", Some("client_gone")),
+                Outcome::TimedOut => ("interrupted", Some("stream_idle_timeout")),
+                _ => ("interrupted", Some("stream_interrupted")),
+            };
+            t.finish(status, Some(self.status.as_u16()), code);
+        }
+        if outcome.is_node_failure() {
+            tracing::warn!(request_id = %self.request_id, from = %name, ?outcome, detail, bytes = self.bytes, "answer broke off after it started");
+        } else {
+            tracing::debug!(request_id = %self.request_id, from = %name, ?outcome, bytes = self.bytes, "answer relayed");
+        }
+        drop(guard);
+        name
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if self.source.is_some() {
+            // Dropped before the end: the client went away. Dropping `upstream` closes the
+            // node's connection, so it stops generating.
+            self.finish(Outcome::ClientGone, "client disconnected");
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! Talking to one upstream: an HTTP server Corral sends to, whether a node of the cluster or a
+//! cloud provider, in the dialect it speaks (Ollama's native API or the OpenAI-compatible
+//! `/v1`).
+//!
+//! This is the one place that knows dialects: `Dialect::of` is the only match on a node's
+//! `kind`, `Upstream::url` the only way a request path becomes an upstream URL, and `send` /
+//! `first_chunk` the only code that applies the connect and first-byte timeouts. Callers
+//! (the proxy's retry loop, the cloud fallback, the probes) decide *what* to send and what an
+//! answer means; this module only says how. The per-dialect probes and translations live in
+//! `ollama.rs` and `openai.rs`, the Ollama <-> Chat Completions translation in `translate.rs`.
+//!
+//! It must not judge outcomes or touch node state: it returns what happened and the caller
+//! records it.
+
+pub mod ollama;
+pub mod openai;
+pub mod translate;
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
+
+use crate::config::NodeKind;
+use crate::node::Node;
+
+/// The API an upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// Ollama's own API: requests go as they came.
+    Ollama,
+    /// An OpenAI-compatible `/v1` (llama.cpp server, vLLM, LM Studio, cloud providers):
+    /// Ollama-native requests are translated to Chat Completions and back.
+    Openai,
+}
+
+impl Dialect {
+    /// The dialect of a configured node kind. The only match on `NodeKind` in the crate.
+    pub fn of(kind: NodeKind) -> Self {
+        match kind {
+            NodeKind::Ollama => Self::Ollama,
+            NodeKind::Openai => Self::Openai,
+        }
+    }
+}
+
+/// One upstream: where it is and what it speaks. Borrowed, so building one per request costs
+/// nothing (a node's base URL is parsed once, when the node is added).
+#[derive(Debug, Clone, Copy)]
+pub struct Upstream<'a> {
+    pub base: &'a url::Url,
+    pub dialect: Dialect,
+}
+
+impl<'a> Upstream<'a> {
+    pub fn node(node: &'a Node) -> Self {
+        Self { base: &node.base_url, dialect: Dialect::of(node.config.kind) }
+    }
+
+    /// A cloud provider: always OpenAI-compatible.
+    pub fn provider(base: &'a url::Url) -> Self {
+        Self { base, dialect: Dialect::Openai }
+    }
+
+    pub fn is_openai(&self) -> bool {
+        self.dialect == Dialect::Openai
+    }
+
+    /// The upstream's URL for a request path (with its query), from the parsed base URL: no
+    /// re-parsing of the host per request. A base path (`http://host/ollama`) is kept as a
+    /// prefix. For OpenAI-compatible upstreams a `/v1/...` path is joined so that `/v1`
+    /// appears once, whether the base is given with it (`https://api.openai.com/v1`) or not.
+    pub fn url(&self, path_and_query: &str) -> url::Url {
+        let mut url = self.base.clone();
+        let (path, query) = path_and_query.split_once('?').map_or((path_and_query, None), |(p, q)| (p, Some(q)));
+        let prefix = self.base.path().trim_end_matches('/');
+        let path = match (self.dialect, path.strip_prefix("/v1")) {
+            (Dialect::Openai, Some(rest)) if prefix.ends_with("/v1") && (rest.is_empty() || rest.starts_with('/')) => {
+                rest
+            }
+            _ => path,
+        };
+        url.set_path(&format!("{prefix}{path}"));
+        url.set_query(query);
+        url
+    }
+}
+
+/// An answer's body as it arrives: bytes, or why it broke off.
+pub type BodyStream = futures_util::stream::BoxStream<'static, Result<Bytes, BodyError>>;
+
+/// Why an answer's body broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error("{}", root_cause(.0))]
+    Http(#[from] reqwest::Error),
+    /// The upstream's answer could not be translated (an OpenAI-compatible stream that ended
+    /// early or carried an error event).
+    #[error("{0}")]
+    Translate(String),
+}
+
+/// Why an exchange produced no answer to relay.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    #[error("no answer within {0} ms")]
+    NoAnswer(u128),
+    #[error("headers but no body within {0} ms")]
+    NoBody(u128),
+    #[error("cannot connect ({0})")]
+    Connect(String),
+    #[error("request failed ({0})")]
+    Failed(String),
+    #[error("body failed before the first byte ({0})")]
+    BodyFailed(String),
+}
+
+impl SendError {
+    /// The verdict on the upstream for this failure.
+    pub fn outcome(&self) -> crate::outcome::Outcome {
+        use crate::outcome::Outcome;
+        match self {
+            Self::NoAnswer(_) | Self::NoBody(_) => Outcome::TimedOut,
+            Self::Connect(_) => Outcome::ConnectFailed,
+            Self::Failed(_) | Self::BodyFailed(_) => Outcome::Failed,
+        }
+    }
+}
+
+/// A request that got its answer's head in time, and how long is left for its first byte.
+#[derive(Debug)]
+pub struct Sent {
+    pub response: reqwest::Response,
+    pub sent_at: Instant,
+    pub first_byte: Duration,
+}
+
+impl Sent {
+    /// What is left of the first-byte allowance.
+    pub fn remaining(&self) -> Duration {
+        self.first_byte.saturating_sub(self.sent_at.elapsed())
+    }
+}
+
+/// Send `request`; its head must arrive within `first_byte`.
+pub async fn send(request: reqwest::RequestBuilder, first_byte: Duration) -> Result<Sent, SendError> {
+    let sent_at = Instant::now();
+    match tokio::time::timeout(first_byte, request.send()).await {
+        Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
+        Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(root_cause(&e))),
+        Ok(Err(e)) => Err(SendError::Failed(root_cause(&e))),
+        Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
+    }
+}
+
+/// An answer ready to relay: head, the first chunk of its body (already here, so a retry is
+/// no longer possible after this), and the rest of the body.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub first: Option<Bytes>,
+    pub body: BodyStream,
+    /// When the request left, for time-to-first-byte.
+    pub sent_at: Instant,
+}
+
+/// Wait for the first chunk of `body` within what is left of `sent`'s first-byte allowance.
+pub async fn first_chunk(
+    status: StatusCode,
+    headers: HeaderMap,
+    mut body: BodyStream,
+    sent_at: Instant,
+    within: Duration,
+    first_byte: Duration,
+) -> Result<Answer, SendError> {
+    let first = match tokio::time::timeout(within, body.next()).await {
+        Err(_) => return Err(SendError::NoBody(first_byte.as_millis())),
+        Ok(Some(Err(e))) => return Err(SendError::BodyFailed(e.to_string())),
+        Ok(Some(Ok(b))) => Some(b),
+        Ok(None) => None,
+    };
+    Ok(Answer { status, headers, first, body, sent_at })
+}
+
+/// A response body as a `BodyStream`, untouched.
+pub fn raw_body(resp: reqwest::Response) -> BodyStream {
+    resp.bytes_stream().map(|r| r.map_err(BodyError::from)).boxed()
+}
+
+/// The error's innermost cause, which is the useful one ("Connection refused").
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+/// The first 4 KiB of a (small, usually error) body, waiting at most `within`.
+pub async fn read_small(resp: reqwest::Response, within: Duration) -> String {
+    let mut out = Vec::new();
+    let mut stream = resp.bytes_stream();
+    let read = async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            out.extend_from_slice(&chunk);
+            if out.len() > 4096 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, read).await;
+    out.truncate(4096);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// GET `url` and parse its JSON within `timeout`; `None` for any failure or non-2xx.
+pub(crate) async fn get_json(client: &reqwest::Client, url: url::Url, timeout: Duration) -> Option<serde_json::Value> {
+    let ask = async {
+        let resp = client.get(url).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        resp.json::<serde_json::Value>().await.ok()
+    };
+    tokio::time::timeout(timeout, ask).await.ok().flatten()
+}
+
+/// Whether a GET of `url` answers 2xx within `timeout`; the status when it answered at all.
+pub(crate) async fn get_status(client: &reqwest::Client, url: url::Url, timeout: Duration) -> Option<StatusCode> {
+    match tokio::time::timeout(timeout, client.get(url).send()).await {
+        Ok(Ok(r)) => Some(r.status()),
+        _ => None,
+    }
+}
+
+/// What a deep probe learned of an upstream's models.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Inventory {
+    /// Models it has; `None` when it did not say.
+    pub models: Option<Vec<String>>,
+    /// Models loaded now (`/api/ps`); `None` when it did not say.
+    pub loaded: Option<Vec<crate::node::LoadedModel>>,
+}
+
+impl Upstream<'_> {
+    /// Liveness: does it answer its cheapest endpoint with a 2xx in time?
+    pub async fn liveness(&self, client: &reqwest::Client, timeout: Duration) -> bool {
+        match self.dialect {
+            Dialect::Ollama => ollama::liveness(self, client, timeout).await,
+            Dialect::Openai => openai::liveness(self, client, timeout).await,
+        }
+    }
+
+    /// Readiness: can it generate one token of `model`?
+    pub async fn readiness(&self, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+        match self.dialect {
+            Dialect::Ollama => ollama::readiness(self, client, model, timeout).await,
+            Dialect::Openai => openai::readiness(self, client, model, timeout).await,
+        }
+    }
+
+    /// Which models it has and which are loaded.
+    pub async fn inventory(&self, client: &reqwest::Client, timeout: Duration) -> Inventory {
+        match self.dialect {
+            Dialect::Ollama => ollama::inventory(self, client, timeout).await,
+            Dialect::Openai => openai::inventory(self, client, timeout).await,
+        }
+    }
+
+    /// Preload `model` (Ollama loads on a generate with no prompt); `None` where the dialect
+    /// has no preload (OpenAI-compatible servers load their model at start).
+    pub async fn warm_up(&self, client: &reqwest::Client, model: &str, timeout: Duration) -> Option<bool> {
+        match self.dialect {
+            Dialect::Ollama => Some(ollama::warm_up(self, client, model, timeout).await),
+            Dialect::Openai => None,
+        }
+    }
+
+    /// GET an Ollama-shaped metadata document (`/api/tags`, `/api/ps`, `/v1/models`) for a
+    /// merged answer: OpenAI-compatible servers list models at `/v1/models` (given back in
+    /// `/api/tags` shape) and have no `/api/ps` (an empty list).
+    pub async fn metadata(&self, client: &reqwest::Client, path: &str, timeout: Duration) -> Option<serde_json::Value> {
+        match (self.dialect, path) {
+            (Dialect::Openai, "/api/ps") => Some(serde_json::json!({ "models": [] })),
+            (Dialect::Openai, "/api/tags") => {
+                get_json(client, self.url("/v1/models"), timeout).await.map(|v| openai::models_as_tags(&v))
+            }
+            (Dialect::Openai, _) => get_json(client, self.url("/v1/models"), timeout).await,
+            (Dialect::Ollama, _) => get_json(client, self.url(path), timeout).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(base: &str, dialect: Dialect, path: &str) -> String {
+        let base = url::Url::parse(base).expect("url");
+        Upstream { base: &base, dialect }.url(path).to_string()
+    }
+
+    #[test]
+    fn ollama_urls_keep_base_paths_and_queries() {
+        assert_eq!(at("http://10.0.0.5:11434", Dialect::Ollama, "/api/chat"), "http://10.0.0.5:11434/api/chat");
+        assert_eq!(
+            at("http://gpu.local/ollama/", Dialect::Ollama, "/v1/models?x=1"),
+            "http://gpu.local/ollama/v1/models?x=1"
+        );
+    }
+
+    #[test]
+    fn openai_urls_take_the_base_with_or_without_v1() {
+        let o = Dialect::Openai;
+        assert_eq!(at("http://127.0.0.1:8080", o, "/v1/chat/completions"), "http://127.0.0.1:8080/v1/chat/completions");
+        assert_eq!(at("https://api.openai.com/v1/", o, "/v1/embeddings"), "https://api.openai.com/v1/embeddings");
+        assert_eq!(
+            at("https://dashscope.aliyuncs.com/compatible-mode/v1", o, "/v1/chat/completions"),
+            "https://dashscope.aliyuncs.com/compatible-mode/v1/chat/completions"
+        );
+        assert_eq!(at("http://127.0.0.1:8080/v1", o, "/health"), "http://127.0.0.1:8080/v1/health");
+        assert_eq!(at("http://h:1/v1", o, "/v1models"), "http://h:1/v1/v1models", "only a whole /v1 segment is joined");
+    }
+
+    #[test]
+    fn only_kind_openai_speaks_openai() {
+        assert_eq!(Dialect::of(NodeKind::Openai), Dialect::Openai);
+        assert_eq!(Dialect::of(NodeKind::Ollama), Dialect::Ollama);
+    }
+}

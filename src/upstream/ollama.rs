@@ -1,0 +1,95 @@
+//! Probes in Ollama's own dialect (ollama/ollama `server/routes.go`): liveness is
+//! `GET /api/version`, readiness a 1-token `/api/generate`, warm-up a generate with only
+//! `model` and `keep_alive` (Ollama loads the model and answers at once), inventory
+//! `/api/tags` (what it has) plus `/api/ps` (what is loaded, how much in VRAM, with what
+//! context length).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{get_status, Inventory, Upstream};
+use crate::node::LoadedModel;
+
+#[derive(Deserialize)]
+struct TagsResponse {
+    #[serde(default)]
+    models: Vec<TagEntry>,
+}
+
+#[derive(Deserialize)]
+struct TagEntry {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    model: String,
+}
+
+#[derive(Deserialize)]
+struct PsResponse {
+    #[serde(default)]
+    models: Vec<PsEntry>,
+}
+
+#[derive(Deserialize)]
+struct PsEntry {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    size: u64,
+    #[serde(default)]
+    size_vram: u64,
+    #[serde(default)]
+    context_length: Option<u64>,
+}
+
+pub(super) async fn liveness(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> bool {
+    get_status(client, up.url("/api/version"), timeout).await.is_some_and(|s| s.is_success())
+}
+
+pub(super) async fn readiness(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+    let body = serde_json::json!({"model": model, "prompt": "ping", "stream": false, "options": {"num_predict": 1}});
+    matches!(
+        tokio::time::timeout(timeout, client.post(up.url("/api/generate")).json(&body).send()).await,
+        Ok(Ok(r)) if r.status().is_success()
+    )
+}
+
+pub(super) async fn warm_up(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+    let body = serde_json::json!({"model": model, "keep_alive": "5m"});
+    matches!(
+        tokio::time::timeout(timeout, client.post(up.url("/api/generate")).json(&body).send()).await,
+        Ok(Ok(r)) if r.status().is_success()
+    )
+}
+
+async fn fetch(up: &Upstream<'_>, client: &reqwest::Client, path: &str, timeout: Duration) -> Option<bytes::Bytes> {
+    let resp = tokio::time::timeout(timeout, client.get(up.url(path)).send()).await.ok()?.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    tokio::time::timeout(timeout, resp.bytes()).await.ok()?.ok()
+}
+
+pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Inventory {
+    let (tags, ps) = tokio::join!(fetch(up, client, "/api/tags", timeout), fetch(up, client, "/api/ps", timeout));
+    let models = tags.and_then(|b| serde_json::from_slice::<TagsResponse>(&b).ok()).map(|t| {
+        t.models
+            .into_iter()
+            .map(|m| if m.model.is_empty() { m.name } else { m.model })
+            .filter(|n| !n.is_empty())
+            .collect()
+    });
+    let loaded = ps.and_then(|b| serde_json::from_slice::<PsResponse>(&b).ok()).map(|ps| {
+        ps.models
+            .into_iter()
+            .map(|m| LoadedModel {
+                name: m.name,
+                size: m.size,
+                size_vram: m.size_vram,
+                context_length: m.context_length,
+            })
+            .collect()
+    });
+    Inventory { models, loaded }
+}
