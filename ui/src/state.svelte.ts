@@ -1,10 +1,10 @@
-// Live broker state shared by every screen: refreshed from /admin/status whenever the event
-// stream says something changed (at most a few times a second), and on a slow timer as a
+// Live broker state shared by every screen: refreshed from the status endpoint whenever the
+// event stream says something changed (at most a few times a second), and on a slow timer as a
 // safety net.
-import { api, events } from "./api";
+import { getStatus, subscribeEvents, type Status, type Subscription } from "./api";
 
 export const live = $state({
-  status: null as any,
+  status: null as Status | null,
   error: "",
   connected: false,
   /** Bumped when charts should be fetched again. */
@@ -16,7 +16,7 @@ let pending: ReturnType<typeof setTimeout> | null = null;
 
 export async function refresh() {
   try {
-    live.status = await api("GET", "/admin/status");
+    live.status = await getStatus();
     live.error = "";
   } catch (e: any) {
     live.error = e.message ?? String(e);
@@ -33,22 +33,24 @@ function soon() {
 
 let lastChart = 0;
 
-export function start() {
+export function start(): Subscription {
   refresh();
-  const es = events((kind, data) => {
-    live.lastEvent = kind;
-    soon();
-    const now = Date.now();
-    if (kind !== "request" || now - lastChart > 5000) {
-      lastChart = now;
-      live.tick++;
-    }
-    if (kind === "fallback_share" && data) {
-      live.lastEvent = data.above ? "fallback_share_high" : "fallback_share_normal";
-    }
+  const sub = subscribeEvents({
+    onEvent(kind, data) {
+      live.lastEvent = kind;
+      soon();
+      const now = Date.now();
+      if (kind !== "request" || now - lastChart > 5000) {
+        lastChart = now;
+        live.tick++;
+      }
+      if (data?.type === "fallback_share") {
+        live.lastEvent = data.above ? "fallback_share_high" : "fallback_share_normal";
+      }
+    },
+    onOpen: () => (live.connected = true),
+    onError: () => (live.connected = false),
   });
-  es.onopen = () => (live.connected = true);
-  es.onerror = () => (live.connected = false);
   setInterval(refresh, 5000);
-  return es;
+  return sub;
 }

@@ -1,0 +1,21 @@
+// The whole setup as one TOML file: export it for the team, import someone's (merge or replace),
+// with a dry run that previews what would change.
+
+import { call, callText } from "./client";
+import type { ImportMode, ImportResult } from "./types";
+
+/** `GET /admin/config/export`: TOML; providers name their keyring entry, never a key. */
+export function exportConfig(): Promise<string> {
+  return callText("GET", "/admin/config/export");
+}
+
+/**
+ * `POST /admin/config/import?mode=...&dry_run=...`: the changes and the keys needed; unless a
+ * dry run, also the swap. A file that would not validate fails with its `problems`.
+ */
+export function importConfig(toml: string, mode: ImportMode, opts: { dryRun?: boolean } = {}): Promise<ImportResult> {
+  return call<ImportResult>("POST", "/admin/config/import", {
+    query: { mode, dry_run: opts.dryRun ? true : undefined },
+    text: toml,
+  });
+}

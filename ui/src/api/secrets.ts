@@ -1,0 +1,19 @@
+// API keys in the operating system's keyring. Values go in and never come back out.
+
+import { call, seg } from "./client";
+import type { Secrets } from "./types";
+
+/** `GET /admin/secrets`: stored names, and whether each secret the config names is set. */
+export function listSecrets(): Promise<Secrets> {
+  return call<Secrets>("GET", "/admin/secrets");
+}
+
+/** `PUT /admin/secrets/{name}`: store `value` (sent as plain text). */
+export function setSecret(name: string, value: string): Promise<void> {
+  return call<void>("PUT", `/admin/secrets/${seg(name)}`, { text: value });
+}
+
+/** `DELETE /admin/secrets/{name}`. */
+export function deleteSecret(name: string): Promise<void> {
+  return call<void>("DELETE", `/admin/secrets/${seg(name)}`);
+}

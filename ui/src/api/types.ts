@@ -1,0 +1,299 @@
+// The JSON shapes the admin API speaks, written from the Rust that makes them: `node_json` and
+// the handlers in src/admin.rs, the Serialize types in src/node.rs, src/breaker.rs,
+// src/config.rs, src/store.rs, src/telemetry.rs and src/reload.rs. `Option<T>` on the Rust
+// side is `T | null` here; a field the server always sends is never optional.
+
+// ---- nodes (src/node.rs, src/config.rs NodeConfig, admin.rs node_json) ----
+
+/** `NodeKind`, kebab-case. */
+export type NodeKind = "ollama" | "openai";
+
+/** `NodeState`: the one state a person sees for a node. */
+export type NodeState = "unknown" | "healthy" | "unhealthy" | "recovering" | "draining" | "disabled";
+
+/** `Health`: liveness as probes and passive signals see it. */
+export type Health = "unknown" | "healthy" | "unhealthy";
+
+/** `Admin`: what the operator asked of a node. */
+export type AdminState = "active" | "draining" | "disabled";
+
+/** `BreakerState`, kebab-case. */
+export type BreakerState = "closed" | "open" | "half-open";
+
+/** `LoadedModel`: a model a node reported as loaded in `/api/ps`. */
+export interface LoadedModel {
+  name: string;
+  size: number;
+  size_vram: number;
+  context_length: number | null;
+}
+
+/** A running node, as `GET /admin/nodes`, `GET /admin/status` and the node routes answer it. */
+export interface Node {
+  name: string;
+  url: string;
+  kind: NodeKind;
+  state: NodeState;
+  health: Health;
+  admin: AdminState;
+  breaker: BreakerState;
+  weight: number;
+  max_concurrency: number;
+  in_flight: number;
+  served: number;
+  /** Estimated time to first byte, ms; null before the node has answered. */
+  ttfb_ms: number | null;
+  /** 0..1 while the node is in slow start, 1 after. */
+  slow_start_share: number;
+  /** The models the node lists; null until the first deep probe. */
+  models: string[] | null;
+  loaded: LoadedModel[];
+}
+
+/** `NodeConfig`: the body of `POST /admin/nodes` (omitted fields take the config defaults). */
+export interface NodeConfig {
+  name: string;
+  url: string;
+  kind?: NodeKind;
+  weight?: number;
+  max_concurrency?: number;
+  enabled?: boolean;
+}
+
+/** `NodePatch`: the fields an operator may change on a running node. */
+export interface NodePatch {
+  enabled?: boolean;
+  draining?: boolean;
+  weight?: number;
+  max_concurrency?: number;
+}
+
+/** `POST /admin/nodes/{name}/test`: one timed liveness probe. */
+export interface NodeTest {
+  name: string;
+  ok: boolean;
+  ms: number;
+  timeout_ms: number;
+}
+
+// ---- categories (src/config.rs CategoryConfig) ----
+
+export type Policy = "round-robin" | "weighted" | "least-connections" | "least-latency" | "p2c" | "priority" | "sticky";
+
+/** `CloudPermission`, kebab-case. */
+export type CloudPermission = "never" | "on-failure";
+
+/** `CategoryConfig`: one request category's rules. */
+export interface Category {
+  name: string;
+  policy: Policy;
+  priority: number;
+  queue_timeout_ms: number;
+  cloud: CloudPermission;
+  providers: string[];
+  redact: boolean;
+  models: string[];
+  affinity: boolean;
+  /** For `policy = "priority"`: node names, most preferred first. */
+  order: string[];
+}
+
+// ---- providers and secrets (src/config.rs ProviderConfig, admin.rs list_providers) ----
+
+/** `ProviderConfig`: an OpenAI-compatible endpoint categories may fall back to. */
+export interface Provider {
+  name: string;
+  base_url: string;
+  /** Keyring entry holding the API key; empty for a server that takes no key. */
+  secret: string;
+  model_map: Record<string, string>;
+  connect_timeout_ms: number;
+  first_byte_timeout_ms: number;
+}
+
+/** Whether a provider's key is in the keyring (`none`: the provider names no key). */
+export type SecretState = "set" | "missing" | "unknown" | "none";
+
+/** A provider as `GET /admin/providers` lists it: its config and whether its key is set. */
+export interface ListedProvider extends Provider {
+  secret_state: SecretState;
+}
+
+/** `POST /admin/providers/{name}/test`: one token asked of the provider with its key. */
+export type ProviderTest =
+  | { name: string; ok: true; ms: number; model: string }
+  | { name: string; ok: false; ms: number; error: string };
+
+/** `GET /admin/secrets`: stored names, and for each secret the config names, set or missing. */
+export interface Secrets {
+  stored: string[];
+  needed: Record<string, "set" | "missing">;
+}
+
+// ---- status (admin.rs status and recent_stats) ----
+
+/** Per node (and `cluster`, `cloud:<provider>`, `none`) over the last 15 minutes. */
+export interface Stats {
+  requests: number;
+  errors: number;
+  p50_ms: number | null;
+  p95_ms: number | null;
+  ttfb_p50_ms: number | null;
+  tokens_per_s: number | null;
+}
+
+export interface Queue {
+  depth: number;
+  bytes: number;
+  max_requests: number;
+  max_bytes: number;
+}
+
+/** `ReloadStatus`: what the last config file reload did. */
+export interface Reload {
+  reloads: number;
+  last_error: string | null;
+}
+
+export interface Fallback {
+  /** Share of recent requests answered by a cloud provider, 0..1. */
+  share: number;
+  requests: number;
+  window_ms: number;
+  alert_share: number;
+  providers: { name: string; base_url: string; secret: string }[];
+}
+
+/** `GET /admin/status`: everything the screens show live. */
+export interface Status {
+  nodes: Node[];
+  /** Empty when the request store is disabled. */
+  stats: Record<string, Stats>;
+  queue: Queue;
+  categories: Category[];
+  reload: Reload;
+  accepting: boolean;
+  fallback: Fallback;
+}
+
+/** `GET`/`PUT /admin/accepting`. */
+export interface Accepting {
+  accepting: boolean;
+}
+
+// ---- requests (src/store.rs RequestRow, admin.rs requests) ----
+
+/** How a request ended, as the store records it (`running` until it ends; `unknown`: cut off by a crash). */
+export type RequestStatus = "ok" | "client_error" | "error" | "interrupted" | "cancelled" | "unknown" | "running";
+
+/** `RequestRow`: everything known when a request ends. Times are unix ms. */
+export interface RequestRow {
+  id: string;
+  started_at: number;
+  finished_at: number | null;
+  endpoint: string;
+  category: string;
+  origin: string;
+  model: string;
+  node: string | null;
+  attempts: number;
+  /** The cloud provider that answered, if one did. */
+  fallback: string | null;
+  status: RequestStatus;
+  http_status: number | null;
+  error_code: string | null;
+  queued_ms: number | null;
+  ttfb_ms: number | null;
+  total_ms: number | null;
+  prompt_tokens: number | null;
+  completion_tokens: number | null;
+  streamed: boolean;
+  interrupted: boolean;
+}
+
+/** Filters of `GET /admin/requests`; empty values are left out. */
+export interface RequestsQuery {
+  /** A duration back from now (`15m`, `2h`, `7d`, `30s`) or unix ms. */
+  since?: string;
+  node?: string;
+  category?: string;
+  status?: RequestStatus;
+  limit?: number;
+}
+
+export interface RequestsPage {
+  requests: RequestRow[];
+  /** Records the store had to drop because it fell behind. */
+  dropped_records: number;
+}
+
+// ---- charts (admin.rs chart, src/charts.rs) ----
+
+export type ChartName = "latency" | "ttfb" | "throughput" | "outcomes" | "queue" | "health";
+
+export interface ChartParams {
+  /** How far back, like `15m` or `1h` (server default 15m). */
+  window?: string;
+  /** Pixels, clamped by the server to 200..4000 (default 640). */
+  width?: number;
+  /** Pixels, clamped by the server to 150..4000 (default 320). */
+  height?: number;
+}
+
+// ---- config import (src/config.rs ImportMode, Change; admin.rs import_config) ----
+
+export type ImportMode = "merge" | "replace";
+
+/** One line of an import preview. */
+export interface Change {
+  action: "added" | "changed" | "removed";
+  kind: "node" | "category" | "provider" | "section";
+  name: string;
+}
+
+export interface ImportResult {
+  mode: ImportMode;
+  dry_run: boolean;
+  changes: Change[];
+  /** Keyring entries the resulting config names. */
+  secrets_needed: string[];
+}
+
+// ---- model pull (src/proxy/fanout.rs model_op) ----
+
+/**
+ * One NDJSON line of `POST /admin/models/pull`: a node's own `/api/pull` progress tagged with
+ * `node`, that node's end (`status` "success" or "failed", with `error`), and finally one
+ * summary line without `node` (`{status: "success", nodes}` or `{error, code}`).
+ */
+export interface PullLine {
+  node?: string;
+  status?: string;
+  digest?: string;
+  completed?: number;
+  total?: number;
+  error?: string;
+  code?: string;
+  nodes?: string[];
+}
+
+// ---- events (src/telemetry.rs Event, tagged by `type`) ----
+
+export type BrokerEvent =
+  | { type: "node_state"; node: string; from: NodeState; to: NodeState; reason: string; at: number }
+  | ({ type: "request" } & RequestRow)
+  | { type: "config_reload"; ok: boolean; error: string | null }
+  | { type: "fallback_share"; share: number; requests: number; threshold: number; above: boolean };
+
+export type EventKind = BrokerEvent["type"];
+
+// ---- errors (admin.rs AdminError, src/error.rs) ----
+
+/** The body of every error the admin API answers. */
+export interface ErrorBody {
+  error: string;
+  /** Stable snake_case code, listed in docs/errors.md. */
+  code: string;
+  /** For `invalid_config`: each problem, as `path: message`. */
+  problems?: string[];
+}
