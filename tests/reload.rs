@@ -45,3 +45,115 @@ async fn good_edits_apply_and_bad_ones_keep_the_running_config() {
     assert_eq!(broker.registry().all().len(), 2, "the running config stays");
     broker.shutdown().await;
 }
+
+/// A config file with one node and the given extra sections; the broker watches it.
+struct Watched {
+    path: std::path::PathBuf,
+    broker: Broker,
+    node_url: String,
+}
+
+impl Watched {
+    async fn start(node_url: String, extra: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("corral-reload-{}-{}", std::process::id(), uuid_like()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("corral.toml");
+        std::fs::write(&path, config_text(&[("a", node_url.clone())]) + extra).expect("write");
+        let config = Config::load(&path).expect("valid");
+        let broker = Broker::start(config, StartOptions { config_path: Some(path.clone()), ..StartOptions::default() })
+            .await
+            .expect("starts");
+        Self { path, broker, node_url }
+    }
+
+    /// Rewrite the file and wait until the broker has applied it.
+    async fn edit(&self, extra: &str) {
+        let before = self.reloads();
+        std::fs::write(&self.path, config_text(&[("a", self.node_url.clone())]) + extra).expect("write");
+        assert!(eventually(Duration::from_secs(10), || self.reloads() > before).await, "the edit is applied");
+        let s = self.broker.shared().reload.lock().map(|s| s.clone()).expect("status");
+        assert_eq!(s.last_error, None, "the edit is valid");
+    }
+
+    fn reloads(&self) -> u64 {
+        self.broker.shared().reload.lock().map(|s| s.reloads).unwrap_or(0)
+    }
+
+    async fn chat(&self) -> reqwest::Response {
+        let url = format!("http://{}/api/chat", self.broker.proxy_addr());
+        let body = serde_json::json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
+        reqwest::Client::new().post(url).json(&body).send().await.expect("answered")
+    }
+}
+
+fn uuid_like() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn a_breaker_threshold_edited_in_the_file_applies_to_a_running_node() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    sim.set_faults(corral::sim::Faults::statuses(500, 1_000));
+    let w = Watched::start(sim.url(), "[retry]\nmax_attempts = 1\n\n[breaker]\nfailures_to_open = 5\n").await;
+    for _ in 0..2 {
+        assert_eq!(w.chat().await.status(), 502, "the node fails every request");
+    }
+    let node = w.broker.registry().get("a").expect("node a");
+    assert_eq!(node.breaker_state(), corral::breaker::BreakerState::Closed, "2 failures are under the threshold of 5");
+
+    w.edit("[retry]\nmax_attempts = 1\n\n[breaker]\nfailures_to_open = 3\n").await;
+    let same = w.broker.registry().get("a").expect("node a");
+    assert!(std::sync::Arc::ptr_eq(&node, &same), "the node was retuned in place, not replaced");
+    assert_eq!(node.breaker_state(), corral::breaker::BreakerState::Closed, "the edit alone opens nothing");
+    w.chat().await;
+    assert_eq!(
+        node.breaker_state(),
+        corral::breaker::BreakerState::Open,
+        "the third consecutive failure meets the new threshold of 3 without a restart"
+    );
+    w.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_retry_budget_edited_in_the_file_applies_without_a_restart() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    sim.set_faults(corral::sim::Faults::statuses(500, 1_000));
+    let no_budget = "[retry]\nmax_attempts = 3\nbackoff_base_ms = 1\nbudget_ratio = 0.0\nbudget_min_per_sec = 0\n\n[breaker]\nfailures_to_open = 1000\n";
+    let w = Watched::start(sim.url(), no_budget).await;
+    let r = w.chat().await;
+    assert_eq!(r.headers()["x-corral-attempts"], "1", "a budget of 0 allows no retry");
+    let tried = sim.inference_count();
+    assert_eq!(tried, 1);
+
+    w.edit(&no_budget.replace("budget_ratio = 0.0", "budget_ratio = 1.0")).await;
+    let r = w.chat().await;
+    assert_eq!(r.headers()["x-corral-attempts"], "3", "a ratio of 1 allows the retries now");
+    assert_eq!(sim.inference_count() - tried, 3, "the node saw every attempt");
+    w.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn keys_bound_at_start_are_reported_as_needing_a_restart() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    let w = Watched::start(sim.url(), "").await;
+    w.edit("[proxy]\nconnect_timeout_ms = 1234\n").await;
+    let s = w.broker.shared().reload.lock().map(|s| s.clone()).expect("status");
+    assert_eq!(s.pending_restart, vec!["proxy.connect_timeout_ms".to_string()]);
+    assert_ne!(w.broker.config().proxy.connect_timeout_ms, 1234, "the running value stays until a restart");
+    w.broker.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_probe_interval_edited_in_the_file_reschedules_the_probes() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    let w = Watched::start(sim.url(), "[health]\ninterval_ms = 600000\n").await;
+    assert!(eventually(Duration::from_secs(5), || sim.count("/api/version") >= 1).await, "the first probe runs at start");
+    w.edit("[health]\ninterval_ms = 20\n").await;
+    assert!(
+        eventually(Duration::from_secs(5), || sim.count("/api/version") >= 4).await,
+        "probes follow the new 20 ms interval, not the 10 minutes the broker started with"
+    );
+    w.broker.shutdown().await;
+}
