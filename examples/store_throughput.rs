@@ -2,7 +2,7 @@
 //! path ever waits: records are handed over with `try_send`, so the hand-over time is the
 //! request path's whole cost. Run: cargo run --release --example store_throughput [N]
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use corral::config::StoreConfig;
 use corral::store::{Query, RequestRow, Store};

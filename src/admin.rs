@@ -400,7 +400,7 @@ async fn delete_category(State(s): State<AdminState>, Path(name): Path<String>) 
 async fn test_node(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
     let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name: name.clone() })?;
     let timeout = std::time::Duration::from_millis(s.shared.config().health.timeout_ms.max(1_000));
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let ok = crate::health::probe_liveness(&s.shared.client, &node, timeout).await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(Json(json!({ "name": name, "ok": ok, "ms": ms, "timeout_ms": timeout.as_millis() as u64 })))
@@ -448,7 +448,7 @@ async fn put_providers(State(s): State<AdminState>, body: axum::body::Bytes) -> 
 async fn test_provider(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
     let config = s.shared.config();
     let p = config.providers.iter().find(|p| p.name == name).ok_or(AdminError::NotFound { kind: "provider", name })?;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let result = crate::cloud::probe(&s.shared.cloud_clients, p).await.map_err(|e| e.to_string());
     let ms = started.elapsed().as_secs_f64() * 1000.0;
     Ok(Json(match result {

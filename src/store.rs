@@ -328,6 +328,11 @@ async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<A
     tracing::debug!("store writer stopped");
 }
 
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
+
+/// Per (minute, node): requests, errors, total ms, ttfb ms, completion tokens.
+type Rollups<'a> = std::collections::HashMap<(i64, &'a str), [i64; 5]>;
+
 async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Result<(), sqlx::Error> {
     let mut started: Vec<&Started> = Vec::new();
     let mut finished: Vec<&RequestRow> = Vec::new();
@@ -342,9 +347,35 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
     // A request that started and finished within one batch needs only its finished row.
     let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
     started.retain(|s| !done.contains(s.id.as_str()));
-    // Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
-    let mut rollups: std::collections::HashMap<(i64, &str), [i64; 5]> = std::collections::HashMap::new();
-    for row in &finished {
+    let rollups = rollups_of(&finished);
+    let mut tx = pool.begin().await?;
+    insert_started(&mut tx, &started).await?;
+    upsert_finished(&mut tx, &finished).await?;
+    for e in events {
+        sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
+            .bind(e.at)
+            .bind(&e.node)
+            .bind(&e.from_state)
+            .bind(&e.to_state)
+            .bind(&e.reason)
+            .execute(&mut *tx)
+            .await?;
+    }
+    upsert_rollups(&mut tx, rollups).await?;
+    if new_drops > 0 {
+        sqlx::query("INSERT INTO dropped_records (at, count) VALUES (?, ?)")
+            .bind(now_ms())
+            .bind(new_drops as i64)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
+fn rollups_of<'a>(finished: &[&'a RequestRow]) -> Rollups<'a> {
+    let mut rollups = Rollups::new();
+    for row in finished {
         if let Some(node) = &row.node {
             let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
             let sums = rollups.entry((minute, node.as_str())).or_default();
@@ -355,8 +386,10 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
             sums[4] += row.completion_tokens.unwrap_or(0);
         }
     }
+    rollups
+}
 
-    let mut tx = pool.begin().await?;
+async fn insert_started(tx: &mut Tx<'_>, started: &[&Started]) -> Result<(), sqlx::Error> {
     // Multi-row statements: one round trip to SQLite's thread per few hundred rows.
     for chunk in started.chunks(500) {
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
@@ -365,8 +398,12 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
         q.push_values(chunk, |mut b, s| {
             b.push_bind(&s.id).push_bind(s.started_at).push_bind(&s.endpoint).push_bind("running");
         });
-        q.build().execute(&mut *tx).await?;
+        q.build().execute(&mut **tx).await?;
     }
+    Ok(())
+}
+
+async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<(), sqlx::Error> {
     for chunk in finished.chunks(400) {
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
@@ -403,18 +440,12 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
              ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
              completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted",
         );
-        q.build().execute(&mut *tx).await?;
+        q.build().execute(&mut **tx).await?;
     }
-    for e in events {
-        sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
-            .bind(e.at)
-            .bind(&e.node)
-            .bind(&e.from_state)
-            .bind(&e.to_state)
-            .bind(&e.reason)
-            .execute(&mut *tx)
-            .await?;
-    }
+    Ok(())
+}
+
+async fn upsert_rollups(tx: &mut Tx<'_>, rollups: Rollups<'_>) -> Result<(), sqlx::Error> {
     for ((minute, node), [requests, errors, total, ttfb, tokens]) in rollups {
         sqlx::query(
             "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
@@ -430,17 +461,10 @@ async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Res
         .bind(total)
         .bind(ttfb)
         .bind(tokens)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     }
-    if new_drops > 0 {
-        sqlx::query("INSERT INTO dropped_records (at, count) VALUES (?, ?)")
-            .bind(now_ms())
-            .bind(new_drops as i64)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
+    Ok(())
 }
 
 /// Delete by age and keep at most `max_rows`, now and then every `retention_interval_ms`.

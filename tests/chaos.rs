@@ -323,12 +323,12 @@ async fn a_node_hanging_before_the_first_byte_fails_over_within_the_timeout() {
     let base = serve.url("serving the Ollama API on");
     let client = reqwest::Client::new();
     post_faults(&client, &urls[0], json!({"hang": true})).await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let load: Vec<_> = (0..60)
         .map(|i| {
             let (client, base) = (client.clone(), base.clone());
             tokio::spawn(async move {
-                let t = std::time::Instant::now();
+                let t = tokio::time::Instant::now();
                 (ask(&client, &base, i % 2 == 0, i).await, t.elapsed())
             })
         })
@@ -523,7 +523,7 @@ async fn ten_thousand_requests_against_a_saturated_cluster_stay_bounded() {
     // Ten h2c connections carry 1,000 requests each, all at once.
     let clients: Vec<reqwest::Client> =
         (0..10).map(|_| reqwest::Client::builder().http2_prior_knowledge().build().expect("client")).collect();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let tasks: Vec<_> = (0..10_000)
         .map(|i| {
             let (client, base) = (clients[i % 10].clone(), base.clone());
