@@ -69,7 +69,34 @@ impl IntoResponse for AdminError {
 
 #[cfg(test)]
 mod tests {
-    use super::AdminError;
+    use super::{AdminError, SecretError};
+    use crate::error::{assert_documented, every_variant};
+
+    /// One value of every variant, secret errors one by one (each has its own code).
+    fn every_admin_error() -> Vec<AdminError> {
+        every_variant!(AdminError {
+            AdminError::Unauthorized => AdminError::Unauthorized,
+            AdminError::NotFound { .. } => AdminError::NotFound { kind: "node", name: String::new() },
+            AdminError::Conflict { .. } => AdminError::Conflict { kind: "node", name: String::new() },
+            AdminError::Invalid(_) => AdminError::Invalid(Vec::new()),
+            AdminError::BadBody(_) => AdminError::BadBody(String::new()),
+            AdminError::Secret(SecretError::BadName(_)) => AdminError::Secret(SecretError::BadName(String::new())),
+            AdminError::Secret(SecretError::NotFound(_)) => AdminError::Secret(SecretError::NotFound(String::new())),
+            AdminError::Secret(SecretError::Empty) => AdminError::Secret(SecretError::Empty),
+            AdminError::Secret(SecretError::NoKeyring(_)) => AdminError::Secret(SecretError::NoKeyring(String::new())),
+            AdminError::Secret(SecretError::Keyring(_)) => AdminError::Secret(SecretError::Keyring(String::new())),
+        })
+    }
+
+    #[test]
+    fn every_admin_error_is_documented_with_its_status() {
+        let all = every_admin_error();
+        let mut seen = std::collections::HashSet::new();
+        for e in &all {
+            assert!(seen.insert(e.code()), "two admin errors share the code {}", e.code());
+            assert_documented("## Errors of the admin API", e.code(), e.status());
+        }
+    }
 
     #[test]
     fn unauthorized_asks_for_a_bearer_token() {
