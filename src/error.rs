@@ -173,43 +173,98 @@ impl IntoResponse for BrokerError {
     }
 }
 
+/// One sample of every variant of an error enum, for tests that must not miss one. Each row is
+/// `pattern => sample`; the patterns form a `match` with no wildcard arm, so a new variant
+/// fails to compile until it has a row, and each sample is checked to be the variant its
+/// pattern names.
+#[cfg(test)]
+macro_rules! every_variant {
+    ($ty:ty { $($pat:pat => $sample:expr),+ $(,)? }) => {{
+        #[deny(unreachable_patterns)]
+        fn _every_variant_has_a_row(e: &$ty) {
+            match e {
+                $($pat => {})+
+            }
+        }
+        $(assert!(matches!(&$sample, $pat), "the sample for `{}` is another variant", stringify!($pat));)+
+        vec![$($sample),+]
+    }};
+}
+#[cfg(test)]
+pub(crate) use every_variant;
+
+/// Panics unless the table under `heading` in docs/errors.md (up to the next heading) has a
+/// row for `code` with `status`: `| \`code\` | 404 | ...`.
+#[cfg(test)]
+pub(crate) fn assert_documented(heading: &str, code: &str, status: StatusCode) {
+    let docs = include_str!("../docs/errors.md");
+    let section: Vec<&str> = docs
+        .lines()
+        .skip_while(|l| *l != heading)
+        .enumerate()
+        .take_while(|(i, l)| *i == 0 || !l.starts_with('#'))
+        .map(|(_, l)| l)
+        .collect();
+    assert!(!section.is_empty(), "docs/errors.md has no heading {heading:?}");
+    assert!(code.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{code} is not snake_case");
+    let row = format!("| `{code}` | {} |", status.as_u16());
+    assert!(
+        section.iter().any(|l| l.starts_with(&row)),
+        "docs/errors.md, under {heading:?}, has no row starting {row:?}: document the code clients will see"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// One value of every variant.
+    fn every_broker_error() -> Vec<BrokerError> {
+        use BrokerError as E;
+        every_variant!(E {
+            E::MalformedJson(_) => E::MalformedJson("".into()),
+            E::MissingModel => E::MissingModel,
+            E::UnknownCategory { .. } => E::UnknownCategory { name: "".into(), known: "".into() },
+            E::BadHeader { .. } => E::BadHeader { name: "x", reason: "".into() },
+            E::BodyTooLarge { .. } => E::BodyTooLarge { limit: 1 },
+            E::ModelNotFound(_) => E::ModelNotFound("".into()),
+            E::UnknownRoute { .. } => E::UnknownRoute { method: "".into(), path: "".into() },
+            E::NoHealthyNode { .. } => E::NoHealthyNode { model: "".into() },
+            E::NoNodeReachable { .. } => E::NoNodeReachable { detail: "".into() },
+            E::QueueFull { .. } => E::QueueFull { depth: 0, bytes: 0 },
+            E::ContextTooLong { .. } => E::ContextTooLong { estimated: 0, limit: 0 },
+            E::QueueTimeout { .. } => E::QueueTimeout { waited_ms: 0 },
+            E::ClusterBusy => E::ClusterBusy,
+            E::ShuttingDown => E::ShuttingDown,
+            E::Paused => E::Paused,
+            E::Unauthorized => E::Unauthorized,
+            E::UpstreamFailed { .. } => E::UpstreamFailed { attempts: 1, detail: "".into() },
+            E::UpstreamTimeout { .. } => E::UpstreamTimeout { attempts: 1, detail: "".into() },
+            E::BodyRead(_) => E::BodyRead("".into()),
+            E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
+            E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into() },
+        })
+    }
+
     #[test]
-    fn codes_are_unique_and_snake_case() {
-        let all = [
-            BrokerError::MalformedJson(String::new()),
-            BrokerError::MissingModel,
-            BrokerError::UnknownCategory { name: String::new(), known: String::new() },
-            BrokerError::BadHeader { name: "x", reason: String::new() },
-            BrokerError::BodyTooLarge { limit: 1 },
-            BrokerError::ModelNotFound(String::new()),
-            BrokerError::UnknownRoute { method: String::new(), path: String::new() },
-            BrokerError::NoHealthyNode { model: String::new() },
-            BrokerError::NoNodeReachable { detail: String::new() },
-            BrokerError::QueueTimeout { waited_ms: 0 },
-            BrokerError::QueueFull { depth: 0, bytes: 0 },
-            BrokerError::ContextTooLong { estimated: 0, limit: 0 },
-            BrokerError::ClusterBusy,
-            BrokerError::ShuttingDown,
-            BrokerError::Paused,
-            BrokerError::Unauthorized,
-            BrokerError::UpstreamFailed { attempts: 1, detail: String::new() },
-            BrokerError::UpstreamTimeout { attempts: 1, detail: String::new() },
-            BrokerError::BodyRead(String::new()),
-            BrokerError::CloudNotAllowed { category: String::new(), local: String::new(), forwarded: false },
-            BrokerError::CloudFailed { local: String::new(), providers: String::new() },
-        ];
-        let docs = include_str!("../docs/errors.md");
+    fn every_broker_error_is_documented_with_its_status_and_a_unique_code() {
         let mut seen = std::collections::HashSet::new();
-        for e in &all {
-            let code = e.code();
-            assert!(seen.insert(code), "duplicate code {code}");
-            assert!(code.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{code} not snake_case");
-            assert!(docs.contains(&format!("`{code}`")), "{code} is missing from docs/errors.md");
+        for e in &every_broker_error() {
+            assert!(seen.insert(e.code()), "duplicate code {}", e.code());
+            assert_documented("# Errors Corral makes", e.code(), e.status());
         }
+    }
+
+    #[test]
+    fn a_new_code_must_be_in_the_docs_to_pass() {
+        let missing = std::panic::catch_unwind(|| {
+            assert_documented("# Errors Corral makes", "no_such_code", StatusCode::BAD_REQUEST)
+        });
+        assert!(missing.is_err(), "an undocumented code is refused");
+        let wrong_status = std::panic::catch_unwind(|| {
+            assert_documented("# Errors Corral makes", "queue_full", StatusCode::BAD_REQUEST)
+        });
+        assert!(wrong_status.is_err(), "a code documented with another status is refused");
     }
 
     #[test]

@@ -1,0 +1,108 @@
+//! The admin API's one error type: a stable `code()` (listed in `docs/errors.md`), an HTTP
+//! `status()`, and the one `IntoResponse` that turns it into `{"error", "code"}` (plus
+//! `problems` for an invalid config, and `WWW-Authenticate: Bearer` on 401). Secret store
+//! failures keep their own codes. Admin errors carry no `forwarded` field: nothing here is
+//! ever sent to a node.
+
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::{header, HeaderValue, StatusCode};
+use serde_json::json;
+
+use crate::secrets::SecretError;
+
+/// Errors of the admin API, each with a stable code.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("missing or wrong admin token; send Authorization: Bearer <token>")]
+    Unauthorized,
+    #[error("no {kind} named \"{name}\"")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{kind} \"{name}\" already exists")]
+    Conflict { kind: &'static str, name: String },
+    #[error("the change would make the config invalid: {}", .0.join("; "))]
+    Invalid(Vec<String>),
+    #[error("body is not valid JSON for this endpoint: {0}")]
+    BadBody(String),
+    #[error("{0}")]
+    Secret(#[from] SecretError),
+}
+
+impl AdminError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound { .. } => "not_found",
+            Self::Conflict { .. } => "conflict",
+            Self::Invalid(_) => "invalid_config",
+            Self::BadBody(_) => "malformed_json",
+            Self::Secret(e) => e.code(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::Conflict { .. } => StatusCode::CONFLICT,
+            Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::Secret(SecretError::NotFound(_)) => StatusCode::NOT_FOUND,
+            Self::Secret(SecretError::BadName(_) | SecretError::Empty) => StatusCode::BAD_REQUEST,
+            Self::Secret(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl IntoResponse for AdminError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.to_string(), "code": self.code() });
+        if let Self::Invalid(problems) = &self {
+            body["problems"] = json!(problems);
+        }
+        let mut r = (self.status(), Json(body)).into_response();
+        if matches!(self, Self::Unauthorized) {
+            r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AdminError, SecretError};
+    use crate::error::{assert_documented, every_variant};
+
+    /// One value of every variant, secret errors one by one (each has its own code).
+    fn every_admin_error() -> Vec<AdminError> {
+        every_variant!(AdminError {
+            AdminError::Unauthorized => AdminError::Unauthorized,
+            AdminError::NotFound { .. } => AdminError::NotFound { kind: "node", name: String::new() },
+            AdminError::Conflict { .. } => AdminError::Conflict { kind: "node", name: String::new() },
+            AdminError::Invalid(_) => AdminError::Invalid(Vec::new()),
+            AdminError::BadBody(_) => AdminError::BadBody(String::new()),
+            AdminError::Secret(SecretError::BadName(_)) => AdminError::Secret(SecretError::BadName(String::new())),
+            AdminError::Secret(SecretError::NotFound(_)) => AdminError::Secret(SecretError::NotFound(String::new())),
+            AdminError::Secret(SecretError::Empty) => AdminError::Secret(SecretError::Empty),
+            AdminError::Secret(SecretError::NoKeyring(_)) => AdminError::Secret(SecretError::NoKeyring(String::new())),
+            AdminError::Secret(SecretError::Keyring(_)) => AdminError::Secret(SecretError::Keyring(String::new())),
+        })
+    }
+
+    #[test]
+    fn every_admin_error_is_documented_with_its_status() {
+        let all = every_admin_error();
+        let mut seen = std::collections::HashSet::new();
+        for e in &all {
+            assert!(seen.insert(e.code()), "two admin errors share the code {}", e.code());
+            assert_documented("## Errors of the admin API", e.code(), e.status());
+        }
+    }
+
+    #[test]
+    fn unauthorized_asks_for_a_bearer_token() {
+        use axum::response::IntoResponse;
+        let r = AdminError::Unauthorized.into_response();
+        assert_eq!(r.status(), 401);
+        assert_eq!(r.headers()["www-authenticate"], "Bearer", "clients learn which scheme to send");
+    }
+}

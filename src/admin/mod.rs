@@ -1,0 +1,265 @@
+//! The admin listener: JSON API for operators, the CLI and the UI (loopback by default).
+//!
+//! Everything but `GET /healthz` and the UI's static files needs the bearer token
+//! (`Authorization: Bearer <token>`, or `?token=` for clients that cannot set headers, like
+//! `EventSource`), compared in constant time. Changes go draft -> validate -> swap: a node or
+//! category edit is applied to a copy of the running config, the whole copy is validated, and
+//! only then swapped in, so the broker never runs a config that `corral config check` would
+//! refuse. In-flight requests are never dropped by a change: a removed node's requests hold
+//! their own handle and finish.
+//!
+//! Every route is declared once, in [`ROUTES`]: method, path, who may call it, and the handler.
+//! [`router`] is built from that table and nothing else, and the tests walk the same table, so a
+//! route cannot be added without the token check or without the test that proves it. One
+//! module per resource holds the handlers; this one holds only the state, the table, the token
+//! check and the draft -> validate -> swap step they share.
+
+mod categories;
+mod charts;
+mod config;
+mod error;
+mod events;
+mod models;
+mod nodes;
+mod providers;
+mod requests;
+mod secrets;
+mod status;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{on, MethodFilter, MethodRouter};
+use axum::Router;
+use http::{header, Method};
+use subtle::ConstantTimeEq;
+
+use crate::config::Config;
+use crate::state::Shared;
+
+pub use error::AdminError;
+pub use requests::parse_since;
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub shared: Arc<Shared>,
+    pub token: Arc<String>,
+}
+
+/// Who may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Answers without the token: only the liveness check and the UI's static files.
+    Public,
+    /// Needs the token; without it the answer is 401 `unauthorized`.
+    Protected,
+}
+
+/// Routes `method` on a path to its handler (`|m| on(m, handler)`): the method comes from the
+/// table row, so the row and the wiring cannot disagree.
+type Wire = fn(MethodFilter) -> MethodRouter<AdminState>;
+
+/// One method on one path. [`ROUTES`] is the only list of them.
+pub struct Route {
+    pub method: Method,
+    /// axum's path syntax: `{name}` for a segment, `{*file}` for the rest.
+    pub path: &'static str,
+    pub access: Access,
+    wire: Wire,
+}
+
+const fn public(method: Method, path: &'static str, wire: Wire) -> Route {
+    Route { method, path, access: Access::Public, wire }
+}
+
+const fn protected(method: Method, path: &'static str, wire: Wire) -> Route {
+    Route { method, path, access: Access::Protected, wire }
+}
+
+/// Every route of the admin listener. `router()` builds from this table only.
+pub const ROUTES: &[Route] = &[
+    public(Method::GET, "/healthz", |m| on(m, status::healthz)),
+    // The UI's static files: no data in them; every call they make needs the token.
+    public(Method::GET, "/", |m| on(m, crate::ui::root)),
+    public(Method::GET, "/ui/", |m| on(m, crate::ui::index)),
+    public(Method::GET, "/ui/{*file}", |m| on(m, crate::ui::asset)),
+    protected(Method::GET, "/help", |m| on(m, status::help)),
+    protected(Method::GET, "/metrics", |m| on(m, status::metrics)),
+    protected(Method::GET, "/admin/status", |m| on(m, status::status)),
+    protected(Method::GET, "/admin/accepting", |m| on(m, status::get_accepting)),
+    protected(Method::PUT, "/admin/accepting", |m| on(m, status::put_accepting)),
+    protected(Method::GET, "/admin/nodes", |m| on(m, nodes::list)),
+    protected(Method::POST, "/admin/nodes", |m| on(m, nodes::add)),
+    protected(Method::GET, "/admin/nodes/{name}", |m| on(m, nodes::get)),
+    protected(Method::PATCH, "/admin/nodes/{name}", |m| on(m, nodes::patch)),
+    protected(Method::DELETE, "/admin/nodes/{name}", |m| on(m, nodes::delete)),
+    protected(Method::POST, "/admin/nodes/{name}/test", |m| on(m, nodes::test)),
+    protected(Method::GET, "/admin/categories", |m| on(m, categories::list)),
+    protected(Method::PUT, "/admin/categories", |m| on(m, categories::put_all)),
+    protected(Method::GET, "/admin/categories/{name}", |m| on(m, categories::get)),
+    protected(Method::PUT, "/admin/categories/{name}", |m| on(m, categories::put)),
+    protected(Method::DELETE, "/admin/categories/{name}", |m| on(m, categories::delete)),
+    protected(Method::GET, "/admin/providers", |m| on(m, providers::list)),
+    protected(Method::PUT, "/admin/providers", |m| on(m, providers::put_all)),
+    protected(Method::POST, "/admin/providers/{name}/test", |m| on(m, providers::test)),
+    protected(Method::GET, "/admin/secrets", |m| on(m, secrets::list)),
+    protected(Method::PUT, "/admin/secrets/{name}", |m| on(m, secrets::put)),
+    protected(Method::DELETE, "/admin/secrets/{name}", |m| on(m, secrets::delete)),
+    protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
+    protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
+    protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),
+    protected(Method::GET, "/admin/charts/{file}", |m| on(m, charts::chart)),
+    protected(Method::GET, "/admin/events", |m| on(m, events::events)),
+    protected(Method::POST, "/admin/models/pull", |m| on(m, models::pull_model)),
+];
+
+/// The admin router, built from [`ROUTES`] only. Protected routes sit behind one
+/// `route_layer`, so a protected path answers 401 without the token whatever the method.
+pub fn router(state: AdminState) -> Router {
+    let (mut public, mut protected) = (Router::new(), Router::new());
+    for route in ROUTES {
+        // `Method::GET` and friends always convert; the router test builds this for every row.
+        let filter = MethodFilter::try_from(route.method.clone()).expect("a standard HTTP method");
+        let wired = (route.wire)(filter);
+        match route.access {
+            Access::Public => public = public.route(route.path, wired),
+            Access::Protected => protected = protected.route(route.path, wired),
+        }
+    }
+    let protected = protected.route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
+    public.merge(protected).with_state(state)
+}
+
+async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    let from_header = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_string);
+    let from_query = req.uri().query().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
+    });
+    let given = from_header.or(from_query).unwrap_or_default();
+    if bool::from(given.as_bytes().ct_eq(state.token.as_bytes())) {
+        next.run(req).await
+    } else {
+        AdminError::Unauthorized.into_response()
+    }
+}
+
+/// Validate `next` as a whole: every problem, each with its path.
+fn validate(next: &Config) -> Result<(), AdminError> {
+    let problems = next.validate();
+    if !problems.is_empty() {
+        return Err(AdminError::Invalid(problems.into_iter().map(|(p, m)| format!("{p}: {m}")).collect()));
+    }
+    Ok(())
+}
+
+/// Validate `next` as a whole and swap it in.
+fn commit(s: &AdminState, next: Config) -> Result<(), AdminError> {
+    validate(&next)?;
+    s.shared.apply(next);
+    Ok(())
+}
+
+/// A JSON body of the shape the endpoint takes, else 400 `malformed_json`.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, AdminError> {
+    serde_json::from_slice(body).map_err(|e| AdminError::BadBody(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{router, Access, AdminState, Shared, ROUTES};
+    use axum::body::Body;
+    use http::{header, Request, StatusCode};
+    use std::sync::Arc;
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "router-test-token";
+
+    /// A state over an empty cluster with no store: enough for every route to be reached.
+    fn state() -> AdminState {
+        let config = crate::Config::default();
+        let tuning = crate::node::NodeTuning {
+            breaker: crate::breaker::BreakerPolicy {
+                failures_to_open: 3,
+                cooldown: std::time::Duration::from_secs(1),
+                trial_requests: 1,
+            },
+            slow_start: std::time::Duration::ZERO,
+            latency_decay: std::time::Duration::from_secs(10),
+        };
+        let registry = Arc::new(crate::node::Registry::new(&config.nodes, tuning).expect("no nodes to parse"));
+        let telemetry = Arc::new(crate::telemetry::Telemetry::new(None, crate::telemetry::Telemetry::bus()));
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let shared = Shared::new(config, registry, reqwest::Client::new(), cancel, telemetry, Some(1));
+        AdminState { shared: Arc::new(shared), token: Arc::new(TOKEN.into()) }
+    }
+
+    /// A concrete path for a table path: every `{param}` or `{*rest}` segment becomes `x`.
+    fn concrete(path: &str) -> String {
+        path.split('/').map(|seg| if seg.starts_with('{') { "x" } else { seg }).collect::<Vec<_>>().join("/")
+    }
+
+    async fn send(route: &super::Route, auth: Option<&str>) -> (StatusCode, Option<String>) {
+        let mut req = Request::builder().method(route.method.clone()).uri(concrete(route.path));
+        if let Some(token) = auth {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let r = router(state()).oneshot(req.body(Body::empty()).expect("request")).await.expect("infallible");
+        let status = r.status();
+        let body = axum::body::to_bytes(r.into_body(), 1 << 20).await.expect("body");
+        let code = serde_json::from_slice::<serde_json::Value>(&body).ok().map(|v| v["code"].to_string());
+        (status, code)
+    }
+
+    #[tokio::test]
+    async fn every_protected_route_in_the_table_the_router_is_built_from_needs_the_token() {
+        let protected: Vec<_> = ROUTES.iter().filter(|r| r.access == Access::Protected).collect();
+        assert!(protected.len() >= 28, "the table lost routes: {} protected", protected.len());
+        for route in protected {
+            let (m, p) = (&route.method, route.path);
+            let (status, code) = send(route, None).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{m} {p} answered without a token");
+            assert_eq!(code.as_deref(), Some("\"unauthorized\""), "{m} {p} without a token");
+            let (status, _) = send(route, Some("wrong-token")).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{m} {p} answered a wrong token");
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_liveness_check_and_the_ui_files_are_public() {
+        let public: Vec<_> =
+            ROUTES.iter().filter(|r| r.access == Access::Public).map(|r| (r.method.as_str(), r.path)).collect();
+        assert_eq!(
+            public,
+            [("GET", "/healthz"), ("GET", "/"), ("GET", "/ui/"), ("GET", "/ui/{*file}")],
+            "a public route serves without the token: anything else must be protected"
+        );
+        for route in ROUTES.iter().filter(|r| r.access == Access::Public) {
+            let (status, _) = send(route, None).await;
+            assert_ne!(status, StatusCode::UNAUTHORIZED, "{} {} is public", route.method, route.path);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_token_opens_a_protected_route_as_header_or_query() {
+        let status = ROUTES.iter().find(|r| r.path == "/admin/status").expect("status is routed");
+        assert_eq!(send(status, Some(TOKEN)).await.0, StatusCode::OK, "the right token in the header");
+        let req = Request::get(format!("/admin/status?token={TOKEN}")).body(Body::empty()).expect("request");
+        let r = router(state()).oneshot(req).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::OK, "the token also works as a query parameter");
+    }
+
+    #[test]
+    fn no_method_and_path_is_declared_twice() {
+        let mut seen = std::collections::HashSet::new();
+        for r in ROUTES {
+            assert!(seen.insert((r.method.as_str(), r.path)), "{} {} is in the table twice", r.method, r.path);
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! `/admin/nodes`: the cluster's nodes, live. Reads show each node's static facts beside its
+//! live state (health, breaker, in-flight, latency estimate, models). Edits change the config
+//! (draft -> validate -> swap); draining is the one runtime-only action, kept out of the
+//! config, and it ends only when the operator says so. A removed node's in-flight requests
+//! finish on their own handle.
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{commit, parse, AdminError, AdminState};
+use crate::config::{Config, NodeConfig};
+use crate::health::probe_liveness;
+use crate::node::{Admin, Node};
+
+/// One node as every admin read shows it (also the `nodes` of `/admin/status`).
+pub(super) fn node_json(n: &Node) -> Value {
+    let now = tokio::time::Instant::now();
+    json!({
+        "name": n.name(),
+        "url": n.config.url,
+        "kind": n.config.kind,
+        "state": n.state(),
+        "health": n.health(),
+        "admin": n.admin(),
+        "breaker": n.breaker_state(),
+        "weight": n.weight(),
+        "max_concurrency": n.max_concurrency(),
+        "in_flight": n.in_flight(),
+        "served": n.served(),
+        "ttfb_ms": n.ttfb_estimate(now).map(|d| d.as_secs_f64() * 1000.0),
+        "slow_start_share": n.slow_start_factor(now),
+        "models": n.models(),
+        "loaded": *n.loaded(),
+    })
+}
+
+pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!(s.shared.registry.all().iter().map(|n| node_json(n)).collect::<Vec<_>>()))
+}
+
+pub(super) async fn get(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name })?;
+    Ok(Json(node_json(&node)))
+}
+
+pub(super) async fn add(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Response, AdminError> {
+    let node: NodeConfig = parse(&body)?;
+    let mut next = Config::clone(&s.shared.config());
+    if next.nodes.iter().any(|n| n.name == node.name) {
+        return Err(AdminError::Conflict { kind: "node", name: node.name });
+    }
+    next.nodes.push(node.clone());
+    commit(&s, next)?;
+    let created = s.shared.registry.get(&node.name).map(|n| node_json(&n)).unwrap_or(Value::Null);
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+/// Fields an operator may change on a running node.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodePatch {
+    enabled: Option<bool>,
+    draining: Option<bool>,
+    weight: Option<u32>,
+    max_concurrency: Option<u32>,
+}
+
+pub(super) async fn patch(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let patch: NodePatch = parse(&body)?;
+    let node = s.shared.registry.get(&name).ok_or_else(|| AdminError::NotFound { kind: "node", name: name.clone() })?;
+    let mut next = Config::clone(&s.shared.config());
+    if let Some(entry) = next.nodes.iter_mut().find(|n| n.name == name) {
+        if let Some(e) = patch.enabled {
+            entry.enabled = e;
+        }
+        if let Some(w) = patch.weight {
+            entry.weight = w;
+        }
+        if let Some(m) = patch.max_concurrency {
+            entry.max_concurrency = m;
+        }
+    }
+    commit(&s, next)?;
+    // Draining is a runtime action, not config: it ends when the operator says so.
+    match (patch.draining, node.admin()) {
+        (Some(true), Admin::Active) => node.set_admin(Admin::Draining),
+        (Some(false), Admin::Draining) => node.set_admin(Admin::Active),
+        _ => {}
+    }
+    Ok(Json(node_json(&node)))
+}
+
+pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
+    let mut next = Config::clone(&s.shared.config());
+    let before = next.nodes.len();
+    next.nodes.retain(|n| n.name != name);
+    if next.nodes.len() == before {
+        return Err(AdminError::NotFound { kind: "node", name });
+    }
+    commit(&s, next)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Time one liveness probe of a node (the UI's "test latency" button).
+pub(super) async fn test(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+    let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name: name.clone() })?;
+    let timeout = std::time::Duration::from_millis(s.shared.config().health.timeout_ms.max(1_000));
+    let started = tokio::time::Instant::now();
+    let ok = probe_liveness(&s.shared.client, &node, timeout).await;
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    Ok(Json(json!({ "name": name, "ok": ok, "ms": ms, "timeout_ms": timeout.as_millis() as u64 })))
+}

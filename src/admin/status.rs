@@ -1,0 +1,193 @@
+//! The broker as a whole: `GET /healthz` (liveness, public), `GET /admin/status` (nodes, recent
+//! stats, queue, categories, reload outcome, fallback share: what the UI's overview shows),
+//! `GET /help` (a self-description for clients and agents with no docs at hand), `GET /metrics`
+//! (OpenMetrics text) and `/admin/accepting` (pause and resume: paused, new requests get 503
+//! `paused` while running ones finish).
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http::header;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::nodes::node_json;
+use super::{parse, AdminError, AdminState};
+use crate::store::RequestRow;
+
+pub(super) async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
+    let nodes: Vec<Value> = s.shared.registry.all().iter().map(|n| node_json(n)).collect();
+    let config = s.shared.config();
+    let (share, requests) = s.shared.telemetry.fallback_share();
+    let stats = recent_stats(&s).await;
+    Json(json!({
+        "nodes": nodes,
+        "stats": stats,
+        "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
+        "categories": config.categories,
+        "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
+        "accepting": s.shared.accepting(),
+        "fallback": {
+            "share": share,
+            "requests": requests,
+            "window_ms": config.alerts.fallback_window_ms,
+            "alert_share": config.alerts.fallback_share,
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "secret": p.secret })).collect::<Vec<_>>(),
+        },
+    }))
+}
+
+/// Per node (and `cluster`), over the last 15 minutes from the store: requests, latency
+/// p50/p95, time to first byte p50, and generation speed (completion tokens per second of
+/// streaming). What the UI's cards show beside the live state.
+async fn recent_stats(s: &AdminState) -> Value {
+    let Some(store) = s.shared.telemetry.store() else { return json!({}) };
+    let now_ms = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
+    let query = crate::store::Query { since_ms: Some(now_ms - 15 * 60_000), limit: Some(20_000), ..Default::default() };
+    let Ok(rows) = store.requests(&query).await else { return json!({}) };
+    let mut groups: BTreeMap<String, Vec<&RequestRow>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.status != "running") {
+        groups
+            .entry(
+                r.node
+                    .clone()
+                    .or_else(|| r.fallback.as_ref().map(|p| format!("cloud:{p}")))
+                    .unwrap_or_else(|| "none".into()),
+            )
+            .or_default()
+            .push(r);
+        groups.entry("cluster".into()).or_default().push(r);
+    }
+    Value::Object(groups.iter().map(|(k, v)| (k.clone(), summarize(v))).collect())
+}
+
+/// One group's numbers for `recent_stats`.
+fn summarize(rows: &[&RequestRow]) -> Value {
+    let mut total: Vec<f64> = rows.iter().filter_map(|r| r.total_ms).map(|v| v as f64).collect();
+    let mut ttfb: Vec<f64> = rows.iter().filter_map(|r| r.ttfb_ms).map(|v| v as f64).collect();
+    total.sort_by(f64::total_cmp);
+    ttfb.sort_by(f64::total_cmp);
+    let (tokens, gen_ms) =
+        rows.iter().fold((0i64, 0i64), |(t, ms), r| match (r.completion_tokens, r.total_ms, r.ttfb_ms) {
+            (Some(c), Some(total), Some(first)) if total > first => (t + c, ms + (total - first)),
+            _ => (t, ms),
+        });
+    let pct = |v: &[f64], p: f64| (!v.is_empty()).then(|| crate::charts::percentile(v, p));
+    json!({
+        "requests": rows.len(),
+        "errors": rows.iter().filter(|r| r.status == "error" || r.status == "interrupted").count(),
+        "p50_ms": pct(&total, 50.0),
+        "p95_ms": pct(&total, 95.0),
+        "ttfb_p50_ms": pct(&ttfb, 50.0),
+        "tokens_per_s": (gen_ms > 0).then(|| tokens as f64 * 1000.0 / gen_ms as f64),
+    })
+}
+
+pub(super) async fn metrics(State(s): State<AdminState>) -> Response {
+    let text = s.shared.telemetry.render(&s.shared.registry, s.shared.admission.depth());
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Accepting {
+    accepting: bool,
+}
+
+pub(super) async fn get_accepting(State(s): State<AdminState>) -> Json<Value> {
+    Json(json!({ "accepting": s.shared.accepting() }))
+}
+
+/// Pause (`{"accepting": false}`) or resume the broker: paused, new requests get 503 `paused`
+/// while running ones finish.
+pub(super) async fn put_accepting(
+    State(s): State<AdminState>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let a: Accepting = parse(&body)?;
+    s.shared.set_accepting(a.accepting);
+    Ok(Json(json!({ "accepting": s.shared.accepting() })))
+}
+
+/// A self-description for clients (and agents) that have no docs at hand.
+pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
+    let config = s.shared.config();
+    let nodes: Vec<Value> = s
+        .shared
+        .registry
+        .all()
+        .iter()
+        .map(|n| json!({ "name": n.name(), "state": n.state(), "models": n.models(), "max_concurrency": n.max_concurrency(), "weight": n.weight() }))
+        .collect();
+    Json(json!({
+        "service": "corral",
+        "version": env!("CARGO_PKG_VERSION"),
+        "what": "One endpoint in front of a cluster of Ollama nodes: speaks the Ollama API and the OpenAI-compatible /v1 API, picks a node per request, fails over, and queues fairly.",
+        "proxy": {
+            "listeners": config.listeners,
+            "endpoints": [
+                "GET /", "HEAD /", "GET /api/version", "GET /api/tags (union of every node's models; entries list their nodes)",
+                "GET /api/ps (union, each entry names its node)", "POST /api/show", "POST /api/chat", "POST /api/generate",
+                "POST /api/embed", "POST /api/embeddings", "POST /api/pull, POST /api/create, POST /api/copy, DELETE /api/delete (to the nodes in X-Corral-Node, or all)",
+                "POST /api/push", "POST|HEAD /api/blobs/{digest}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
+            ],
+        },
+        "admin": {
+            "addr": config.admin.addr,
+            "auth": "Authorization: Bearer <token> on every route but GET /healthz",
+            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/secrets (names, set/missing)", "PUT|DELETE /admin/secrets/{name}", "GET /admin/events (SSE: node_state, request, config_reload, fallback_share)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+        },
+        "request_headers": {
+            "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",
+            "X-Corral-Session": "sticky key for the sticky policy (keeps a conversation on the node holding its KV cache)",
+            "X-Corral-Queue-Timeout": "milliseconds this request may wait for a free node (default: the category's queue_timeout_ms)",
+            "X-Corral-Node": "comma-separated node names for model operations (pull, delete, copy, create)",
+            "X-Request-Id": "kept and passed to the node; generated when absent",
+        },
+        "response_headers": {
+            "X-Request-Id": "the request's id",
+            "X-Corral-Node": "the node that answered",
+            "X-Corral-Attempts": "how many nodes were tried",
+            "X-Corral-Forwarded": "false on rejections that reached no node (safe to retry anywhere)",
+            "X-Corral-Context-Warning": "the prompt fills more than 85% of the context",
+            "X-Corral-Fallback": "the cloud provider that answered, when the cluster could not",
+        },
+        "categories": config.categories.iter().map(|c| json!({
+            "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
+            "cloud": c.cloud, "providers": c.providers, "redact": c.redact, "models": c.models, "affinity": c.affinity,
+        })).collect::<Vec<_>>(),
+        "cloud_fallback": {
+            "when": "no node has the model, every node tried failed before its first byte, or the queue was full or timed out; never after the first byte of a local answer",
+            "never": "categories with cloud = \"never\" get 503 cloud_not_allowed (forwarded as the local failure was)",
+            "all_failed": "502 cloud_failed with the local reason and each provider's",
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "models": p.model_map })).collect::<Vec<_>>(),
+            "alert": { "fallback_share": config.alerts.fallback_share, "window_ms": config.alerts.fallback_window_ms, "min_requests": config.alerts.fallback_min_requests },
+        },
+        "classification": "category = X-Corral-Category header, else the listener's category, else the first category whose models patterns match the model, else \"default\"",
+        "queue": {
+            "order": "category priority (0 first), then origin (local listeners before remote), then arrival; a running request is never pre-empted",
+            "max_requests": config.queue.max_requests,
+            "max_bytes": config.queue.max_bytes,
+            "full": "429 queue_full, forwarded=false, Retry-After",
+            "timeout": "503 queue_timeout, forwarded=false, Retry-After",
+        },
+        "limits": {
+            "max_body_bytes": config.proxy.max_body_bytes,
+            "connect_timeout_ms": config.proxy.connect_timeout_ms,
+            "first_byte_timeout_ms": config.proxy.first_byte_timeout_ms,
+            "idle_timeout_ms": config.proxy.idle_timeout_ms,
+            "max_attempts": config.retry.max_attempts,
+            "retry_budget_ratio": config.retry.budget_ratio,
+            "default_num_ctx": config.proxy.default_num_ctx,
+            "context_guard": config.proxy.context_guard,
+        },
+        "errors": "JSON {error, code, forwarded}; codes in docs/errors.md. Mid-stream failures end the stream with {\"error\", \"code\"}.",
+        "nodes": nodes,
+    }))
+}
