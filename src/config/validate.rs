@@ -63,183 +63,230 @@ impl ConfigError {
     }
 }
 
+/// `(path, message)` pairs, in the order the checks found them.
+type Found = Vec<(String, String)>;
+
+fn push(out: &mut Found, path: impl Into<String>, message: impl Into<String>) {
+    out.push((path.into(), message.into()));
+}
+
 impl Config {
     /// Semantic checks over the whole config: `(path, message)` for every problem.
     pub fn validate(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        let mut push = |path: String, msg: String| out.push((path, msg));
-
-        if self.listeners.is_empty() {
-            push("listeners".into(), "at least one proxy listener is needed".into());
-        }
-        let mut addrs = HashSet::new();
-        for (i, l) in self.listeners.iter().enumerate() {
-            match l.addr.parse::<SocketAddr>() {
-                Err(_) => push(
-                    format!("listeners[{i}].addr"),
-                    format!("\"{}\" is not an address like 127.0.0.1:11400", l.addr),
-                ),
-                Ok(a) => {
-                    // Port 0 means "any free port": never a clash.
-                    if a.port() != 0 && !addrs.insert(a) {
-                        push(format!("listeners[{i}].addr"), format!("{a} is used twice"));
-                    }
-                }
-            }
-            for (j, k) in l.api_keys.iter().enumerate() {
-                if crate::secrets::check_name(k).is_err() {
-                    push(
-                        format!("listeners[{i}].api_keys[{j}]"),
-                        format!("\"{k}\" is not a secret name (a-z, 0-9, '-', '_', '.')"),
-                    );
-                }
-            }
-            if let Some(c) = &l.category {
-                if !self.categories.iter().any(|k| &k.name == c) {
-                    push(format!("listeners[{i}].category"), format!("no category named \"{c}\""));
-                }
-            }
-        }
-        match self.admin.addr.parse::<SocketAddr>() {
-            Err(_) => {
-                push("admin.addr".into(), format!("\"{}\" is not an address like 127.0.0.1:11402", self.admin.addr))
-            }
-            Ok(a) => {
-                if a.port() != 0 && addrs.contains(&a) {
-                    push("admin.addr".into(), format!("{a} is also a proxy listener"));
-                }
-            }
-        }
-
-        if self.nodes.is_empty() {
-            push("nodes".into(), "at least one node is needed".into());
-        }
-        let mut names = HashSet::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            if n.name.is_empty() {
-                push(format!("nodes[{i}].name"), "a node needs a name".into());
-            } else if !n.name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c)) {
-                push(format!("nodes[{i}].name"), format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name));
-            } else if !names.insert(n.name.as_str()) {
-                push(format!("nodes[{i}].name"), format!("\"{}\" is used by an earlier node", n.name));
-            }
-            match url::Url::parse(&n.url) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                Ok(u) => push(
-                    format!("nodes[{i}].url"),
-                    format!("\"{}\" must be an http:// or https:// URL with a host (got scheme {})", n.url, u.scheme()),
-                ),
-                Err(e) => push(format!("nodes[{i}].url"), format!("\"{}\" is not a URL: {e}", n.url)),
-            }
-            if n.weight == 0 {
-                push(format!("nodes[{i}].weight"), "must be greater than 0".into());
-            }
-            if n.max_concurrency == 0 {
-                push(format!("nodes[{i}].max_concurrency"), "must be at least 1".into());
-            }
-        }
-
-        let mut cats = HashSet::new();
-        for (i, c) in self.categories.iter().enumerate() {
-            if c.name.is_empty() {
-                push(format!("categories[{i}].name"), "a category needs a name".into());
-            } else if !cats.insert(c.name.as_str()) {
-                push(format!("categories[{i}].name"), format!("\"{}\" is used by an earlier category", c.name));
-            }
-            for (j, o) in c.order.iter().enumerate() {
-                if !self.nodes.iter().any(|n| &n.name == o) {
-                    push(format!("categories[{i}].order[{j}]"), format!("no node named \"{o}\""));
-                }
-            }
-            if c.queue_timeout_ms == 0 {
-                push(format!("categories[{i}].queue_timeout_ms"), "must be greater than 0".into());
-            }
-            for (j, p) in c.providers.iter().enumerate() {
-                if !self.providers.iter().any(|q| &q.name == p) {
-                    push(format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
-                }
-            }
-            if c.cloud == CloudPermission::OnFailure && c.providers.is_empty() {
-                push(
-                    format!("categories[{i}].providers"),
-                    "cloud = \"on-failure\" needs at least one provider to fall back to".into(),
-                );
-            }
-            for (j, m) in c.models.iter().enumerate() {
-                if m.is_empty() {
-                    push(format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing".into());
-                }
-            }
-        }
-
-        let mut provs = HashSet::new();
-        for (i, p) in self.providers.iter().enumerate() {
-            if p.name.is_empty() {
-                push(format!("providers[{i}].name"), "a provider needs a name".into());
-            } else if !provs.insert(p.name.as_str()) {
-                push(format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
-            }
-            match url::Url::parse(&p.base_url) {
-                Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-                Ok(_) => push(
-                    format!("providers[{i}].base_url"),
-                    format!("\"{}\" must be an http:// or https:// URL", p.base_url),
-                ),
-                Err(e) => push(format!("providers[{i}].base_url"), format!("\"{}\" is not a URL: {e}", p.base_url)),
-            }
-            if !p.secret.is_empty() && crate::secrets::check_name(&p.secret).is_err() {
-                push(
-                    format!("providers[{i}].secret"),
-                    format!("\"{}\" is not a secret name (a-z, 0-9, '-', '_', '.')", p.secret),
-                );
-            }
-            for (field, v) in
-                [("connect_timeout_ms", p.connect_timeout_ms), ("first_byte_timeout_ms", p.first_byte_timeout_ms)]
-            {
-                if v == 0 {
-                    push(format!("providers[{i}].{field}"), "must be greater than 0".into());
-                }
-            }
-        }
-
-        for (field, v) in [
-            ("proxy.connect_timeout_ms", self.proxy.connect_timeout_ms),
-            ("proxy.first_byte_timeout_ms", self.proxy.first_byte_timeout_ms),
-            ("proxy.idle_timeout_ms", self.proxy.idle_timeout_ms),
-            ("proxy.max_body_bytes", self.proxy.max_body_bytes as u64),
-            ("health.interval_ms", self.health.interval_ms),
-            ("health.timeout_ms", self.health.timeout_ms),
-            ("health.deep_interval_ms", self.health.deep_interval_ms),
-            ("health.failures_to_down", u64::from(self.health.failures_to_down)),
-            ("health.successes_to_up", u64::from(self.health.successes_to_up)),
-            ("breaker.failures_to_open", u64::from(self.breaker.failures_to_open)),
-            ("breaker.trial_requests", u64::from(self.breaker.trial_requests)),
-            ("queue.max_requests", self.queue.max_requests as u64),
-            ("store.max_rows", self.store.max_rows),
-            ("store.channel_capacity", self.store.channel_capacity as u64),
-            ("store.retention_interval_ms", self.store.retention_interval_ms),
-            ("queue.max_bytes", self.queue.max_bytes as u64),
-            ("proxy.default_num_ctx", self.proxy.default_num_ctx),
-            ("proxy.header_read_timeout_ms", self.proxy.header_read_timeout_ms),
-            ("retry.max_attempts", u64::from(self.retry.max_attempts)),
-        ] {
-            if v == 0 {
-                push(field.into(), "must be greater than 0".into());
-            }
-        }
-        if !(0.0..=1.0).contains(&self.alerts.fallback_share) {
-            push("alerts.fallback_share".into(), "must be between 0 and 1 (0 turns the alert off)".into());
-        }
-        if self.alerts.fallback_window_ms < 1_000 {
-            push("alerts.fallback_window_ms".into(), "must be at least 1000".into());
-        }
-        if !(0.0..=1.0).contains(&self.retry.budget_ratio) {
-            push("retry.budget_ratio".into(), "must be between 0 and 1".into());
-        }
-        if self.retry.backoff_cap_ms < self.retry.backoff_base_ms {
-            push("retry.backoff_cap_ms".into(), "must not be smaller than retry.backoff_base_ms".into());
-        }
+        let addrs = listeners(self, &mut out);
+        admin(self, &addrs, &mut out);
+        nodes(self, &mut out);
+        categories(self, &mut out);
+        providers(self, &mut out);
+        nonzero(self, &mut out);
+        alerts(self, &mut out);
+        retry(self, &mut out);
         out
+    }
+}
+
+/// `[[listeners]]`: addresses parse and differ, key names are secret names, categories exist.
+/// Returns the proxy addresses, which the admin address must not reuse.
+fn listeners(c: &Config, out: &mut Found) -> HashSet<SocketAddr> {
+    if c.listeners.is_empty() {
+        push(out, "listeners", "at least one proxy listener is needed");
+    }
+    let mut addrs = HashSet::new();
+    for (i, l) in c.listeners.iter().enumerate() {
+        match l.addr.parse::<SocketAddr>() {
+            Err(_) => push(
+                out,
+                format!("listeners[{i}].addr"),
+                format!("\"{}\" is not an address like 127.0.0.1:11400", l.addr),
+            ),
+            Ok(a) => {
+                // Port 0 means "any free port": never a clash.
+                if a.port() != 0 && !addrs.insert(a) {
+                    push(out, format!("listeners[{i}].addr"), format!("{a} is used twice"));
+                }
+            }
+        }
+        for (j, k) in l.api_keys.iter().enumerate() {
+            if crate::secrets::check_name(k).is_err() {
+                push(
+                    out,
+                    format!("listeners[{i}].api_keys[{j}]"),
+                    format!("\"{k}\" is not a secret name (a-z, 0-9, '-', '_', '.')"),
+                );
+            }
+        }
+        if let Some(cat) = &l.category {
+            if !c.categories.iter().any(|k| &k.name == cat) {
+                push(out, format!("listeners[{i}].category"), format!("no category named \"{cat}\""));
+            }
+        }
+    }
+    addrs
+}
+
+/// `[admin]`: the address parses and is not also a proxy listener.
+fn admin(c: &Config, proxy_addrs: &HashSet<SocketAddr>, out: &mut Found) {
+    match c.admin.addr.parse::<SocketAddr>() {
+        Err(_) => push(out, "admin.addr", format!("\"{}\" is not an address like 127.0.0.1:11402", c.admin.addr)),
+        Ok(a) => {
+            if a.port() != 0 && proxy_addrs.contains(&a) {
+                push(out, "admin.addr", format!("{a} is also a proxy listener"));
+            }
+        }
+    }
+}
+
+/// `[[nodes]]`: at least one; unique well-formed names, http(s) URLs, usable weights and limits.
+fn nodes(c: &Config, out: &mut Found) {
+    if c.nodes.is_empty() {
+        push(out, "nodes", "at least one node is needed");
+    }
+    let mut names = HashSet::new();
+    for (i, n) in c.nodes.iter().enumerate() {
+        if n.name.is_empty() {
+            push(out, format!("nodes[{i}].name"), "a node needs a name");
+        } else if !n.name.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || "-_.".contains(ch)) {
+            push(out, format!("nodes[{i}].name"), format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name));
+        } else if !names.insert(n.name.as_str()) {
+            push(out, format!("nodes[{i}].name"), format!("\"{}\" is used by an earlier node", n.name));
+        }
+        match url::Url::parse(&n.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(u) => push(
+                out,
+                format!("nodes[{i}].url"),
+                format!("\"{}\" must be an http:// or https:// URL with a host (got scheme {})", n.url, u.scheme()),
+            ),
+            Err(e) => push(out, format!("nodes[{i}].url"), format!("\"{}\" is not a URL: {e}", n.url)),
+        }
+        if n.weight == 0 {
+            push(out, format!("nodes[{i}].weight"), "must be greater than 0");
+        }
+        if n.max_concurrency == 0 {
+            push(out, format!("nodes[{i}].max_concurrency"), "must be at least 1");
+        }
+    }
+}
+
+/// `[[categories]]`: unique names; `order`, `providers` and `models` refer to real things.
+fn categories(c: &Config, out: &mut Found) {
+    let mut cats = HashSet::new();
+    for (i, cat) in c.categories.iter().enumerate() {
+        if cat.name.is_empty() {
+            push(out, format!("categories[{i}].name"), "a category needs a name");
+        } else if !cats.insert(cat.name.as_str()) {
+            push(out, format!("categories[{i}].name"), format!("\"{}\" is used by an earlier category", cat.name));
+        }
+        for (j, o) in cat.order.iter().enumerate() {
+            if !c.nodes.iter().any(|n| &n.name == o) {
+                push(out, format!("categories[{i}].order[{j}]"), format!("no node named \"{o}\""));
+            }
+        }
+        if cat.queue_timeout_ms == 0 {
+            push(out, format!("categories[{i}].queue_timeout_ms"), "must be greater than 0");
+        }
+        for (j, p) in cat.providers.iter().enumerate() {
+            if !c.providers.iter().any(|q| &q.name == p) {
+                push(out, format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
+            }
+        }
+        if cat.cloud == CloudPermission::OnFailure && cat.providers.is_empty() {
+            push(
+                out,
+                format!("categories[{i}].providers"),
+                "cloud = \"on-failure\" needs at least one provider to fall back to",
+            );
+        }
+        for (j, m) in cat.models.iter().enumerate() {
+            if m.is_empty() {
+                push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
+            }
+        }
+    }
+}
+
+/// `[[providers]]`: unique names, http(s) base URLs, secret names, timeouts above 0.
+fn providers(c: &Config, out: &mut Found) {
+    let mut provs = HashSet::new();
+    for (i, p) in c.providers.iter().enumerate() {
+        if p.name.is_empty() {
+            push(out, format!("providers[{i}].name"), "a provider needs a name");
+        } else if !provs.insert(p.name.as_str()) {
+            push(out, format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
+        }
+        match url::Url::parse(&p.base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(_) => push(
+                out,
+                format!("providers[{i}].base_url"),
+                format!("\"{}\" must be an http:// or https:// URL", p.base_url),
+            ),
+            Err(e) => push(out, format!("providers[{i}].base_url"), format!("\"{}\" is not a URL: {e}", p.base_url)),
+        }
+        if !p.secret.is_empty() && crate::secrets::check_name(&p.secret).is_err() {
+            push(
+                out,
+                format!("providers[{i}].secret"),
+                format!("\"{}\" is not a secret name (a-z, 0-9, '-', '_', '.')", p.secret),
+            );
+        }
+        for (field, v) in
+            [("connect_timeout_ms", p.connect_timeout_ms), ("first_byte_timeout_ms", p.first_byte_timeout_ms)]
+        {
+            if v == 0 {
+                push(out, format!("providers[{i}].{field}"), "must be greater than 0");
+            }
+        }
+    }
+}
+
+/// Timeouts, periods, counts and limits across the tuning sections, where 0 makes no sense.
+fn nonzero(c: &Config, out: &mut Found) {
+    for (field, v) in [
+        ("proxy.connect_timeout_ms", c.proxy.connect_timeout_ms),
+        ("proxy.first_byte_timeout_ms", c.proxy.first_byte_timeout_ms),
+        ("proxy.idle_timeout_ms", c.proxy.idle_timeout_ms),
+        ("proxy.max_body_bytes", c.proxy.max_body_bytes as u64),
+        ("health.interval_ms", c.health.interval_ms),
+        ("health.timeout_ms", c.health.timeout_ms),
+        ("health.deep_interval_ms", c.health.deep_interval_ms),
+        ("health.failures_to_down", u64::from(c.health.failures_to_down)),
+        ("health.successes_to_up", u64::from(c.health.successes_to_up)),
+        ("breaker.failures_to_open", u64::from(c.breaker.failures_to_open)),
+        ("breaker.trial_requests", u64::from(c.breaker.trial_requests)),
+        ("queue.max_requests", c.queue.max_requests as u64),
+        ("store.max_rows", c.store.max_rows),
+        ("store.channel_capacity", c.store.channel_capacity as u64),
+        ("store.retention_interval_ms", c.store.retention_interval_ms),
+        ("queue.max_bytes", c.queue.max_bytes as u64),
+        ("proxy.default_num_ctx", c.proxy.default_num_ctx),
+        ("proxy.header_read_timeout_ms", c.proxy.header_read_timeout_ms),
+        ("retry.max_attempts", u64::from(c.retry.max_attempts)),
+    ] {
+        if v == 0 {
+            push(out, field, "must be greater than 0");
+        }
+    }
+}
+
+/// `[alerts]`: the fallback share is a ratio, and its window long enough to mean something.
+fn alerts(c: &Config, out: &mut Found) {
+    if !(0.0..=1.0).contains(&c.alerts.fallback_share) {
+        push(out, "alerts.fallback_share", "must be between 0 and 1 (0 turns the alert off)");
+    }
+    if c.alerts.fallback_window_ms < 1_000 {
+        push(out, "alerts.fallback_window_ms", "must be at least 1000");
+    }
+}
+
+/// `[retry]`: the budget is a ratio and the backoff cap is not below its base.
+fn retry(c: &Config, out: &mut Found) {
+    if !(0.0..=1.0).contains(&c.retry.budget_ratio) {
+        push(out, "retry.budget_ratio", "must be between 0 and 1");
+    }
+    if c.retry.backoff_cap_ms < c.retry.backoff_base_ms {
+        push(out, "retry.backoff_cap_ms", "must not be smaller than retry.backoff_base_ms");
     }
 }
 
@@ -378,5 +425,55 @@ mod tests {
         let ok = "[[nodes]]\nname = \"a\"\nurl = \"https://gpu.example:443\"\n\n[[providers]]\nname = \"local-vllm\"\nbase_url = \"http://10.0.0.9:8000/v1\"\n";
         let c = Config::parse(ok).unwrap_or_else(|e| panic!("https nodes and key-less providers are fine: {e}"));
         assert_eq!(c.providers[0].first_byte_timeout_ms, 60_000);
+    }
+
+    #[test]
+    fn every_section_is_checked_in_a_fixed_order() {
+        use crate::config::{CategoryConfig, ListenerConfig, NodeConfig, ProviderConfig};
+        let mut c = Config::default();
+        c.listeners.push(ListenerConfig {
+            addr: "bad".into(),
+            category: Some("nope".into()),
+            api_keys: vec!["Bad Key".into()],
+            ..ListenerConfig::default()
+        });
+        c.listeners.push(ListenerConfig::default());
+        c.admin.addr = c.listeners[0].addr.clone();
+        c.nodes.push(NodeConfig { name: "BAD".into(), url: "ftp://x".into(), weight: 0, ..NodeConfig::default() });
+        c.categories.push(CategoryConfig {
+            name: "default".into(),
+            order: vec!["zz".into()],
+            cloud: CloudPermission::OnFailure,
+            ..CategoryConfig::default()
+        });
+        c.providers.push(ProviderConfig { base_url: "nope".into(), ..ProviderConfig::default() });
+        c.proxy.idle_timeout_ms = 0;
+        c.alerts.fallback_window_ms = 5;
+        c.retry.backoff_cap_ms = 1;
+        let got = c.validate();
+        let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "listeners[1].addr",
+                "listeners[1].api_keys[0]",
+                "listeners[1].category",
+                "listeners[2].addr",
+                "admin.addr",
+                "nodes[1].name",
+                "nodes[1].url",
+                "nodes[1].weight",
+                "categories[1].name",
+                "categories[1].order[0]",
+                "categories[1].providers",
+                "providers[0].name",
+                "providers[0].base_url",
+                "proxy.idle_timeout_ms",
+                "alerts.fallback_window_ms",
+                "retry.backoff_cap_ms",
+            ],
+            "one check per section, run in this order, each reporting every problem it finds"
+        );
+        assert_eq!(got[4].1, "127.0.0.1:11400 is also a proxy listener", "admin sees the listeners' addresses");
     }
 }
