@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::node::NodeState;
+use crate::store::RequestRow;
 use crate::telemetry::Event;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,75 +93,14 @@ impl Alerts {
             .collect()
     }
 
+    /// The notices `event` calls for, before muting and rate limits.
     fn judge(&mut self, event: &Event, now: Instant) -> Vec<Notice> {
         match event {
-            Event::NodeState { node, from, to, reason, .. } => {
-                let down = *to == NodeState::Unhealthy;
-                let up = matches!(to, NodeState::Healthy | NodeState::Recovering) && *from == NodeState::Unhealthy;
-                if !(down || up) || self.announced.get(node) == Some(&down) {
-                    return Vec::new();
-                }
-                self.announced.insert(node.clone(), down);
-                let notice = if down {
-                    Notice {
-                        subject: format!("node:{node}"),
-                        summary: format!("Node {node} is down"),
-                        body: format!("Its requests go to the other nodes. {reason}"),
-                        urgency: Urgency::Critical,
-                    }
-                } else {
-                    Notice {
-                        subject: format!("node:{node}"),
-                        summary: format!("Node {node} is back"),
-                        body: "It takes a growing share of requests again.".into(),
-                        urgency: Urgency::Normal,
-                    }
-                };
-                vec![notice]
-            }
+            Event::NodeState { node, from, to, reason, .. } => self.node_state(node, *from, *to, reason),
             Event::Request(row) => {
                 let mut out = Vec::new();
-                if row.attempts > 1 && row.node.is_some() {
-                    self.failovers.push_back(now);
-                }
-                while self.failovers.front().is_some_and(|&t| now.duration_since(t) > STORM_WINDOW) {
-                    self.failovers.pop_front();
-                }
-                let quiet = self.storm_until.is_some_and(|t| now < t);
-                if self.failovers.len() >= STORM_COUNT && !quiet {
-                    self.storm_until = Some(now + STORM_QUIET);
-                    out.push(Notice {
-                        subject: "failover-storm".into(),
-                        summary: "Failover storm".into(),
-                        body: format!(
-                            "{} requests needed another node in the last minute: a node is failing while it still looks up.",
-                            self.failovers.len()
-                        ),
-                        urgency: Urgency::Critical,
-                    });
-                }
-                let inference = crate::cloud::can_fall_back(&row.endpoint);
-                match (&row.fallback, row.status.as_str()) {
-                    (Some(provider), "ok") if !self.in_fallback => {
-                        self.in_fallback = true;
-                        out.push(Notice {
-                            subject: "cloud-fallback".into(),
-                            summary: "Cloud fallback started".into(),
-                            body: format!("The cluster could not answer a {} request; {provider} did.", row.category),
-                            urgency: Urgency::Critical,
-                        });
-                    }
-                    (None, "ok") if self.in_fallback && inference && row.node.is_some() => {
-                        self.in_fallback = false;
-                        out.push(Notice {
-                            subject: "cloud-fallback-ended".into(),
-                            summary: "Cloud fallback ended".into(),
-                            body: "The cluster answers on its own again.".into(),
-                            urgency: Urgency::Normal,
-                        });
-                    }
-                    _ => {}
-                }
+                out.extend(self.storm(row, now));
+                out.extend(self.fallback(row));
                 out
             }
             Event::FallbackShare { share, threshold, above: true, .. } => vec![Notice {
@@ -179,10 +119,104 @@ impl Alerts {
             Event::ConfigReload { ok: true, .. } => Vec::new(),
         }
     }
+
+    /// Down, or back from down; once per change, so a repeated state says nothing.
+    fn node_state(&mut self, node: &str, from: NodeState, to: NodeState, reason: &str) -> Vec<Notice> {
+        let down = to == NodeState::Unhealthy;
+        let up = matches!(to, NodeState::Healthy | NodeState::Recovering) && from == NodeState::Unhealthy;
+        if !(down || up) || self.announced.get(node) == Some(&down) {
+            return Vec::new();
+        }
+        self.announced.insert(node.to_string(), down);
+        let notice = if down {
+            Notice {
+                subject: format!("node:{node}"),
+                summary: format!("Node {node} is down"),
+                body: format!("Its requests go to the other nodes. {reason}"),
+                urgency: Urgency::Critical,
+            }
+        } else {
+            Notice {
+                subject: format!("node:{node}"),
+                summary: format!("Node {node} is back"),
+                body: "It takes a growing share of requests again.".into(),
+                urgency: Urgency::Normal,
+            }
+        };
+        vec![notice]
+    }
+
+    /// `STORM_COUNT` failovers within `STORM_WINDOW` make a storm, told once per `STORM_QUIET`.
+    fn storm(&mut self, row: &RequestRow, now: Instant) -> Option<Notice> {
+        if row.attempts > 1 && row.node.is_some() {
+            self.failovers.push_back(now);
+        }
+        while self.failovers.front().is_some_and(|&t| now.duration_since(t) > STORM_WINDOW) {
+            self.failovers.pop_front();
+        }
+        let quiet = self.storm_until.is_some_and(|t| now < t);
+        if self.failovers.len() < STORM_COUNT || quiet {
+            return None;
+        }
+        self.storm_until = Some(now + STORM_QUIET);
+        Some(Notice {
+            subject: "failover-storm".into(),
+            summary: "Failover storm".into(),
+            body: format!(
+                "{} requests needed another node in the last minute: a node is failing while it still looks up.",
+                self.failovers.len()
+            ),
+            urgency: Urgency::Critical,
+        })
+    }
+
+    /// The first request a provider answers starts a fallback; the next inference request a
+    /// node answers on its own ends it.
+    fn fallback(&mut self, row: &RequestRow) -> Option<Notice> {
+        let inference = crate::cloud::can_fall_back(&row.endpoint);
+        match (&row.fallback, row.status.as_str()) {
+            (Some(provider), "ok") if !self.in_fallback => {
+                self.in_fallback = true;
+                Some(Notice {
+                    subject: "cloud-fallback".into(),
+                    summary: "Cloud fallback started".into(),
+                    body: format!("The cluster could not answer a {} request; {provider} did.", row.category),
+                    urgency: Urgency::Critical,
+                })
+            }
+            (None, "ok") if self.in_fallback && inference && row.node.is_some() => {
+                self.in_fallback = false;
+                Some(Notice {
+                    subject: "cloud-fallback-ended".into(),
+                    summary: "Cloud fallback ended".into(),
+                    body: "The cluster answers on its own again.".into(),
+                    urgency: Urgency::Normal,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Why a notice did not reach the desktop.
+#[derive(Debug, thiserror::Error)]
+pub enum NoticeError {
+    /// The notification server (D-Bus on Linux, the native centre elsewhere) refused or is
+    /// not there.
+    #[error("the desktop notification server failed: {0}")]
+    Server(String),
+}
+
+impl NoticeError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Server(_) => "notification_failed",
+        }
+    }
 }
 
 /// Show a notice on the desktop. Blocks on D-Bus: call off the async workers.
-pub fn deliver(n: &Notice) -> Result<(), String> {
+pub fn deliver(n: &Notice) -> Result<(), NoticeError> {
     let mut note = notify_rust::Notification::new();
     note.appname("Corral").summary(&n.summary).body(&n.body);
     #[cfg(all(unix, not(target_os = "macos")))]
@@ -190,7 +224,7 @@ pub fn deliver(n: &Notice) -> Result<(), String> {
         Urgency::Normal => notify_rust::Urgency::Normal,
         Urgency::Critical => notify_rust::Urgency::Critical,
     });
-    note.show().map(|_| ()).map_err(|e| e.to_string())
+    note.show().map(|_| ()).map_err(|e| NoticeError::Server(e.to_string()))
 }
 
 /// Turn the bus into desktop notifications until `cancel`. `muted` is read per event, so a
@@ -230,7 +264,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::RequestRow;
 
     fn state(node: &str, from: NodeState, to: NodeState) -> Event {
         Event::NodeState { node: node.into(), from, to, reason: "probe failed".into(), at: 0 }

@@ -101,86 +101,113 @@ impl Snapshot {
     /// Bucket `rows` and `events` over `[from_ms, to_ms)` into `buckets` steps.
     pub fn build(rows: &[RequestRow], events: &[NodeEventRow], from_ms: i64, to_ms: i64, buckets: i64) -> Snapshot {
         let bucket_ms = ((to_ms - from_ms) / buckets.max(1)).max(1);
-        let bucket_of = |t: i64| from_ms + ((t - from_ms) / bucket_ms) * bucket_ms;
-        type PerNode = BTreeMap<String, BTreeMap<i64, Vec<f64>>>;
-        let (mut total, mut ttfb, mut tokens): (PerNode, PerNode, PerNode) = Default::default();
-        let mut outcomes: BTreeMap<String, BTreeMap<i64, f64>> = BTreeMap::new();
-        for r in rows.iter().filter(|r| r.started_at >= from_ms && r.started_at < to_ms) {
-            let b = bucket_of(r.started_at);
-            *outcomes.entry(r.status.clone()).or_default().entry(b).or_default() += 1.0;
-            let Some(node) = &r.node else { continue };
-            if let Some(ms) = r.total_ms {
-                total.entry(node.clone()).or_default().entry(b).or_default().push(ms as f64);
-            }
-            if let Some(ms) = r.ttfb_ms {
-                ttfb.entry(node.clone()).or_default().entry(b).or_default().push(ms as f64);
-            }
-            if let Some(n) = r.completion_tokens {
-                tokens.entry(node.clone()).or_default().entry(b).or_default().push(n as f64);
-            }
-        }
-        let series = |m: &PerNode, f: &dyn Fn(&mut Vec<f64>) -> f64| -> Vec<Series> {
-            m.iter()
-                .map(|(node, buckets)| Series {
-                    name: node.clone(),
-                    points: buckets
-                        .iter()
-                        .map(|(b, v)| {
-                            let mut v = v.clone();
-                            v.sort_by(|a, b| a.total_cmp(b));
-                            (*b, f(&mut v))
-                        })
-                        .collect(),
-                })
-                .collect()
-        };
+        let samples = Samples::collect(rows, from_ms, to_ms, bucket_ms);
         let secs = bucket_ms as f64 / 1000.0;
-        let queue_depth = Series {
-            name: "queued".into(),
-            points: (0..buckets.max(1))
-                .map(|i| {
-                    let t = from_ms + i * bucket_ms + bucket_ms / 2;
-                    let depth = rows
-                        .iter()
-                        .filter(|r| r.started_at <= t && r.started_at + r.queued_ms.unwrap_or(0) > t)
-                        .count();
-                    (from_ms + i * bucket_ms, depth as f64)
-                })
-                .collect(),
-        };
-        let mut health: BTreeMap<String, Vec<Band>> = BTreeMap::new();
-        for node in rows.iter().filter_map(|r| r.node.clone()).chain(events.iter().map(|e| e.node.clone())) {
-            health.entry(node).or_default();
-        }
-        for (node, bands) in health.iter_mut() {
-            let mine: Vec<&NodeEventRow> = events.iter().filter(|e| &e.node == node).collect();
-            let mut state = mine.first().map(|e| e.from_state.clone()).unwrap_or_else(|| "healthy".into());
-            let mut since = from_ms;
-            for e in mine.iter().filter(|e| e.at < to_ms) {
-                if e.at > since {
-                    bands.push(Band { from: since, to: e.at, state: state.clone() });
-                }
-                since = e.at.max(from_ms);
-                state = e.to_state.clone();
-            }
-            bands.push(Band { from: since, to: to_ms, state });
-        }
         Snapshot {
             from_ms,
             to_ms,
             bucket_ms,
-            latency_p50: series(&total, &|v| percentile(v, 50.0)),
-            latency_p95: series(&total, &|v| percentile(v, 95.0)),
-            ttfb_p50: series(&ttfb, &|v| percentile(v, 50.0)),
-            tokens_per_s: series(&tokens, &|v| v.iter().sum::<f64>() / secs),
-            outcomes: outcomes
+            latency_p50: per_node(&samples.total, |v| percentile(v, 50.0)),
+            latency_p95: per_node(&samples.total, |v| percentile(v, 95.0)),
+            ttfb_p50: per_node(&samples.ttfb, |v| percentile(v, 50.0)),
+            tokens_per_s: per_node(&samples.tokens, |v| v.iter().sum::<f64>() / secs),
+            outcomes: samples
+                .outcomes
                 .into_iter()
                 .map(|(name, pts)| Series { name, points: pts.into_iter().collect() })
                 .collect(),
-            queue_depth,
-            health: health.into_iter().collect(),
+            queue_depth: queue_depth(rows, from_ms, bucket_ms, buckets),
+            health: health_bands(rows, events, from_ms, to_ms),
         }
     }
+}
+
+/// Per node, per bucket start: the values that fell into that bucket.
+type PerNode = BTreeMap<String, BTreeMap<i64, Vec<f64>>>;
+
+/// The requests that started in the window, sorted into buckets.
+#[derive(Default)]
+struct Samples {
+    total: PerNode,
+    ttfb: PerNode,
+    tokens: PerNode,
+    /// Per status, per bucket start: how many requests ended that way.
+    outcomes: BTreeMap<String, BTreeMap<i64, f64>>,
+}
+
+impl Samples {
+    fn collect(rows: &[RequestRow], from_ms: i64, to_ms: i64, bucket_ms: i64) -> Samples {
+        let bucket_of = |t: i64| from_ms + ((t - from_ms) / bucket_ms) * bucket_ms;
+        let mut s = Samples::default();
+        for r in rows.iter().filter(|r| r.started_at >= from_ms && r.started_at < to_ms) {
+            let b = bucket_of(r.started_at);
+            *s.outcomes.entry(r.status.clone()).or_default().entry(b).or_default() += 1.0;
+            let Some(node) = &r.node else { continue };
+            for (map, value) in
+                [(&mut s.total, r.total_ms), (&mut s.ttfb, r.ttfb_ms), (&mut s.tokens, r.completion_tokens)]
+            {
+                if let Some(v) = value {
+                    map.entry(node.clone()).or_default().entry(b).or_default().push(v as f64);
+                }
+            }
+        }
+        s
+    }
+}
+
+/// One series per node: `f` of each bucket's values, sorted ascending.
+fn per_node(m: &PerNode, f: impl Fn(&[f64]) -> f64) -> Vec<Series> {
+    m.iter()
+        .map(|(node, buckets)| Series {
+            name: node.clone(),
+            points: buckets
+                .iter()
+                .map(|(b, v)| {
+                    let mut v = v.clone();
+                    v.sort_by(|a, b| a.total_cmp(b));
+                    (*b, f(&v))
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Requests waiting at each bucket's midpoint: arrived, and not yet out of the queue.
+fn queue_depth(rows: &[RequestRow], from_ms: i64, bucket_ms: i64, buckets: i64) -> Series {
+    Series {
+        name: "queued".into(),
+        points: (0..buckets.max(1))
+            .map(|i| {
+                let t = from_ms + i * bucket_ms + bucket_ms / 2;
+                let depth =
+                    rows.iter().filter(|r| r.started_at <= t && r.started_at + r.queued_ms.unwrap_or(0) > t).count();
+                (from_ms + i * bucket_ms, depth as f64)
+            })
+            .collect(),
+    }
+}
+
+/// Per node seen in `rows` or `events`: the states it held over the window, back to back.
+/// A node with no event in view was in its first event's `from_state`, else healthy.
+fn health_bands(rows: &[RequestRow], events: &[NodeEventRow], from_ms: i64, to_ms: i64) -> Vec<(String, Vec<Band>)> {
+    let mut health: BTreeMap<String, Vec<Band>> = BTreeMap::new();
+    for node in rows.iter().filter_map(|r| r.node.clone()).chain(events.iter().map(|e| e.node.clone())) {
+        health.entry(node).or_default();
+    }
+    for (node, bands) in health.iter_mut() {
+        let mine: Vec<&NodeEventRow> = events.iter().filter(|e| &e.node == node).collect();
+        let mut state = mine.first().map(|e| e.from_state.clone()).unwrap_or_else(|| "healthy".into());
+        let mut since = from_ms;
+        for e in mine.iter().filter(|e| e.at < to_ms) {
+            if e.at > since {
+                bands.push(Band { from: since, to: e.at, state: state.clone() });
+            }
+            since = e.at.max(from_ms);
+            state = e.to_state.clone();
+        }
+        bands.push(Band { from: since, to: to_ms, state });
+    }
+    health.into_iter().collect()
 }
 
 const PALETTE: [RGBColor; 6] = [
@@ -218,7 +245,33 @@ fn register_font() {
     });
 }
 
-type DrawResult = Result<(), String>;
+/// Why a chart could not be drawn or a report not written.
+#[derive(Debug, thiserror::Error)]
+pub enum ChartError {
+    /// plotters failed while drawing (into a string or a pixel buffer).
+    #[error("cannot draw the chart: {0}")]
+    Draw(String),
+    /// The report was drawn but its file could not be written.
+    #[error("cannot write {}: {detail}", path.display())]
+    Write { path: std::path::PathBuf, detail: String },
+}
+
+impl ChartError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Draw(_) => "chart_draw_failed",
+            Self::Write { .. } => "report_write_failed",
+        }
+    }
+}
+
+impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for ChartError {
+    fn from(e: DrawingAreaErrorKind<E>) -> Self {
+        Self::Draw(e.to_string())
+    }
+}
+
+type DrawResult = Result<(), ChartError>;
 
 fn clock(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
@@ -239,31 +292,26 @@ fn draw_lines<DB: DrawingBackend>(
         .margin(8)
         .x_label_area_size(24)
         .y_label_area_size(48)
-        .build_cartesian_2d(snap.from_ms..snap.to_ms, 0.0..(max * 1.1).max(1.0))
-        .map_err(|e| e.to_string())?;
+        .build_cartesian_2d(snap.from_ms..snap.to_ms, 0.0..(max * 1.1).max(1.0))?;
     chart
         .configure_mesh()
         .x_labels(6)
         .y_labels(5)
         .x_label_formatter(&|x| clock(*x))
         .label_style(("sans-serif", 11))
-        .draw()
-        .map_err(|e| e.to_string())?;
+        .draw()?;
     for (i, s) in solid.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
         chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| e.to_string())?
+            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))?
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
         // Markers, so a lone data point is visible too.
-        chart.draw_series(s.points.iter().map(|p| Circle::new(*p, 2, color.filled()))).map_err(|e| e.to_string())?;
+        chart.draw_series(s.points.iter().map(|p| Circle::new(*p, 2, color.filled())))?;
     }
     for (i, s) in dashed.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
-        chart
-            .draw_series(DashedLineSeries::new(s.points.iter().copied(), 6, 4, color.stroke_width(1)))
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(DashedLineSeries::new(s.points.iter().copied(), 6, 4, color.stroke_width(1)))?;
     }
     if !solid.is_empty() {
         chart
@@ -271,8 +319,7 @@ fn draw_lines<DB: DrawingBackend>(
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK.mix(0.3))
             .label_font(("sans-serif", 11))
-            .draw()
-            .map_err(|e| e.to_string())?;
+            .draw()?;
     }
     Ok(())
 }
@@ -285,8 +332,7 @@ fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapsho
         .margin(8)
         .x_label_area_size(24)
         .y_label_area_size(64)
-        .build_cartesian_2d(snap.from_ms..snap.to_ms, (0..rows).into_segmented())
-        .map_err(|e| e.to_string())?;
+        .build_cartesian_2d(snap.from_ms..snap.to_ms, (0..rows).into_segmented())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
@@ -298,20 +344,17 @@ fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapsho
             _ => String::new(),
         })
         .label_style(("sans-serif", 11))
-        .draw()
-        .map_err(|e| e.to_string())?;
+        .draw()?;
     for (i, (_, bands)) in snap.health.iter().enumerate() {
         let i = i as i32;
-        chart
-            .draw_series(bands.iter().map(|b| {
-                let mut r = Rectangle::new(
-                    [(b.from, SegmentValue::Exact(i)), (b.to, SegmentValue::Exact(i + 1))],
-                    state_color(&b.state).filled(),
-                );
-                r.set_margin(3, 3, 0, 0);
-                r
-            }))
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(bands.iter().map(|b| {
+            let mut r = Rectangle::new(
+                [(b.from, SegmentValue::Exact(i)), (b.to, SegmentValue::Exact(i + 1))],
+                state_color(&b.state).filled(),
+            );
+            r.set_margin(3, 3, 0, 0);
+            r
+        }))?;
     }
     Ok(())
 }
@@ -319,7 +362,7 @@ fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapsho
 /// Draw one chart into `area`.
 pub fn draw<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: Chart, snap: &Snapshot) -> DrawResult {
     register_font();
-    area.fill(&WHITE).map_err(|e| e.to_string())?;
+    area.fill(&WHITE)?;
     match chart {
         Chart::Latency => draw_lines(area, chart.title(), snap, &snap.latency_p50, &snap.latency_p95),
         Chart::Ttfb => draw_lines(area, chart.title(), snap, &snap.ttfb_p50, &[]),
@@ -331,42 +374,45 @@ pub fn draw<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: Chart, sna
 }
 
 /// One chart as an SVG document.
-pub fn svg(chart: Chart, snap: &Snapshot, size: (u32, u32)) -> Result<String, String> {
+pub fn svg(chart: Chart, snap: &Snapshot, size: (u32, u32)) -> Result<String, ChartError> {
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
         draw(&root, chart, snap)?;
-        root.present().map_err(|e| e.to_string())?;
+        root.present()?;
     }
     Ok(out)
 }
 
 /// Every chart on one page, written to `path` (`.png` or `.svg`).
-pub fn report(snap: &Snapshot, path: &std::path::Path) -> Result<(), String> {
+pub fn report(snap: &Snapshot, path: &std::path::Path) -> Result<(), ChartError> {
     let size = (1400, 1200);
     let is_svg = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
     if is_svg {
         let root = SVGBackend::new(path, size).into_drawing_area();
         page(&root, snap)?;
-        root.present().map_err(|e| e.to_string())
+        root.present().map_err(|e| written(path, e))
     } else {
         let root = BitMapBackend::new(path, size).into_drawing_area();
         page(&root, snap)?;
-        root.present().map_err(|e| e.to_string())
+        root.present().map_err(|e| written(path, e))
     }
+}
+
+/// Presenting a file backend is what writes the file: its failure is a write failure.
+fn written<E: std::error::Error + Send + Sync>(path: &std::path::Path, e: DrawingAreaErrorKind<E>) -> ChartError {
+    ChartError::Write { path: path.to_path_buf(), detail: e.to_string() }
 }
 
 fn page<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, snap: &Snapshot) -> DrawResult {
     register_font();
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    root.fill(&WHITE)?;
     let (header, body) = root.split_vertically(40);
-    header
-        .draw_text(
-            &format!("Corral report: {} to {} (UTC)", clock(snap.from_ms), clock(snap.to_ms)),
-            &("sans-serif", 20).into_text_style(&header),
-            (16, 10),
-        )
-        .map_err(|e| e.to_string())?;
+    header.draw_text(
+        &format!("Corral report: {} to {} (UTC)", clock(snap.from_ms), clock(snap.to_ms)),
+        &("sans-serif", 20).into_text_style(&header),
+        (16, 10),
+    )?;
     for (area, chart) in body.split_evenly((3, 2)).iter().zip(Chart::ALL) {
         draw(area, chart, snap)?;
     }
@@ -468,5 +514,16 @@ mod tests {
         assert!(svg.starts_with("<svg"));
         assert!(svg.contains("Latency p50"));
         assert!(svg.contains("gpu0") && svg.contains("gpu1"), "legend names the nodes");
+    }
+
+    #[test]
+    fn a_report_that_cannot_be_written_says_where() {
+        let dir = std::env::temp_dir().join(format!("corral-charts-missing-{}", std::process::id()));
+        for name in ["report.svg", "report.png"] {
+            let path = dir.join(name);
+            let err = report(&fixed(), &path).expect_err("the directory does not exist");
+            assert_eq!(err.code(), "report_write_failed", "{err}");
+            assert!(err.to_string().contains(&path.display().to_string()), "the message names the file: {err}");
+        }
     }
 }

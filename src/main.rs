@@ -719,7 +719,7 @@ async fn report(since: &str, out: &Path, db: Option<PathBuf>, config: Option<&Pa
         let rows = corral::store::query_requests(&pool, &q).await.map_err(|e| e.to_string())?;
         let events = corral::store::query_node_events(&pool, from).await.map_err(|e| e.to_string())?;
         let snap = corral::charts::Snapshot::build(&rows, &events, from, corral::store::now_ms(), 60);
-        corral::charts::report(&snap, out)?;
+        corral::charts::report(&snap, out).map_err(|e| e.to_string())?;
         Ok::<usize, String>(rows.len())
     }
     .await;

@@ -39,11 +39,10 @@ pub(super) async fn chart(
     let to = crate::store::now_ms();
     let rows = store
         .requests(&crate::store::Query { since_ms: Some(from), limit: Some(200_000), ..Default::default() })
-        .await
-        .map_err(|e| AdminError::BadBody(e.to_string()))?;
-    let events = store.node_events(from).await.map_err(|e| AdminError::BadBody(e.to_string()))?;
+        .await?;
+    let events = store.node_events(from).await?;
     let snap = crate::charts::Snapshot::build(&rows, &events, from, to, 30);
     let size = (q.width.unwrap_or(640).clamp(200, 4000), q.height.unwrap_or(320).clamp(150, 4000));
-    let svg = crate::charts::svg(chart, &snap, size).map_err(AdminError::BadBody)?;
+    let svg = crate::charts::svg(chart, &snap, size)?;
     Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())
 }

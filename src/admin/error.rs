@@ -9,7 +9,9 @@ use axum::Json;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::json;
 
+use crate::charts::ChartError;
 use crate::secrets::SecretError;
+use crate::store::StoreError;
 
 /// Errors of the admin API, each with a stable code.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +28,11 @@ pub enum AdminError {
     BadBody(String),
     #[error("{0}")]
     Secret(#[from] SecretError),
+    /// The request store could not answer (a chart's or the requests list's query).
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Chart(#[from] ChartError),
 }
 
 impl AdminError {
@@ -37,6 +44,8 @@ impl AdminError {
             Self::Invalid(_) => "invalid_config",
             Self::BadBody(_) => "malformed_json",
             Self::Secret(e) => e.code(),
+            Self::Store(e) => e.code(),
+            Self::Chart(e) => e.code(),
         }
     }
 
@@ -48,7 +57,8 @@ impl AdminError {
             Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
             Self::Secret(SecretError::NotFound(_)) => StatusCode::NOT_FOUND,
             Self::Secret(SecretError::BadName(_) | SecretError::Empty) => StatusCode::BAD_REQUEST,
-            Self::Secret(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Secret(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Chart(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
@@ -69,7 +79,7 @@ impl IntoResponse for AdminError {
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminError, SecretError};
+    use super::{AdminError, ChartError, SecretError, StoreError};
     use crate::error::{assert_documented, every_variant};
 
     /// One value of every variant, secret errors one by one (each has its own code).
@@ -85,6 +95,16 @@ mod tests {
             AdminError::Secret(SecretError::Empty) => AdminError::Secret(SecretError::Empty),
             AdminError::Secret(SecretError::NoKeyring(_)) => AdminError::Secret(SecretError::NoKeyring(String::new())),
             AdminError::Secret(SecretError::Keyring(_)) => AdminError::Secret(SecretError::Keyring(String::new())),
+            AdminError::Store(StoreError::Open { .. }) =>
+                AdminError::Store(StoreError::Open { path: String::new(), source: sqlx::Error::PoolClosed }),
+            AdminError::Store(StoreError::Migrate { .. }) => AdminError::Store(StoreError::Migrate {
+                path: String::new(),
+                source: sqlx::migrate::MigrateError::VersionMissing(1),
+            }),
+            AdminError::Store(StoreError::Query(_)) => AdminError::Store(StoreError::Query(sqlx::Error::PoolClosed)),
+            AdminError::Chart(ChartError::Draw(_)) => AdminError::Chart(ChartError::Draw(String::new())),
+            AdminError::Chart(ChartError::Write { .. }) =>
+                AdminError::Chart(ChartError::Write { path: Default::default(), detail: String::new() }),
         })
     }
 

@@ -52,6 +52,6 @@ pub(super) async fn list(
         None => None,
     };
     let query = crate::store::Query { since_ms, node: q.node, category: q.category, status: q.status, limit: q.limit };
-    let rows = store.requests(&query).await.map_err(|e| AdminError::BadBody(e.to_string()))?;
+    let rows = store.requests(&query).await?;
     Ok(Json(json!({ "requests": rows, "dropped_records": store.dropped() })))
 }

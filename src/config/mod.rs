@@ -1,0 +1,229 @@
+//! The configuration file (`corral.toml`): loading, with the schema, validation and sharing
+//! in submodules.
+//!
+//! Config is data: one struct per section, `deny_unknown_fields`, defaults that work with no file
+//! at all (one proxy listener on 127.0.0.1:11400 in front of one Ollama on 127.0.0.1:11434).
+//! Parsing never stops at the first problem: each section is deserialized on its own, then the
+//! whole is validated, and every problem is reported with its path (`nodes[1].url`) and the line
+//! it sits on, found through `toml_edit`'s spans. A `Config` that `parse` returns has no
+//! problems. Loading reads one file and changes nothing on disk. Names here are the public
+//! contract (CONTRACT.md); add fields freely, never rename one.
+//!
+//! - `schema`: the sections, their serde shape and defaults.
+//! - `validate`: `Config::validate`, `Problem`, `ConfigError`, and finding a path's line.
+//! - `share`: `export_text`, `import` and its change list, `secret_names`.
+//!
+//! Everything is re-exported here, so callers say `crate::config::X`.
+
+mod schema;
+mod share;
+mod validate;
+
+pub use schema::{
+    model_key, normalize_model, AdminConfig, AlertsConfig, BreakerConfig, CategoryConfig, CloudPermission, Config,
+    HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, Policy, ProviderConfig, ProxyConfig, QueueConfig,
+    RetryConfig, StoreConfig, DEFAULT_ADMIN_ADDR, DEFAULT_NODE_URL, DEFAULT_PROXY_ADDR,
+};
+pub use share::{export_text, import, secret_names, Change, ImportMode};
+pub use validate::{ConfigError, Problem};
+
+use validate::{line_of, Locator};
+
+/// `corral.toml` in the platform config dir (`~/.config/corral/` on Linux).
+pub fn default_path() -> Option<std::path::PathBuf> {
+    directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
+}
+
+impl Config {
+    /// Parse and validate a config text, reporting every problem with its line.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let doc = match toml_edit::ImDocument::parse(text) {
+            Ok(doc) => doc,
+            Err(e) => {
+                let line = e.span().map(|s| line_of(text, s.start));
+                return Err(ConfigError {
+                    problems: vec![Problem {
+                        path: String::new(),
+                        line,
+                        message: format!("not valid TOML: {}", e.message()),
+                    }],
+                });
+            }
+        };
+        let root: toml::Table = toml::from_str(text).map_err(|e| ConfigError {
+            problems: vec![Problem {
+                path: String::new(),
+                line: e.span().map(|s| line_of(text, s.start)),
+                message: e.message().to_string(),
+            }],
+        })?;
+        let locator = Locator { text, doc: &doc };
+        let mut problems = Vec::new();
+        let mut config = Config::default();
+
+        for (key, value) in &root {
+            let path = key.as_str();
+            match path {
+                "listeners" => section_array(&locator, path, value, &mut problems, &mut config.listeners),
+                "nodes" => section_array(&locator, path, value, &mut problems, &mut config.nodes),
+                "categories" => section_array(&locator, path, value, &mut problems, &mut config.categories),
+                "providers" => section_array(&locator, path, value, &mut problems, &mut config.providers),
+                "admin" => section(&locator, path, value, &mut problems, &mut config.admin),
+                "proxy" => section(&locator, path, value, &mut problems, &mut config.proxy),
+                "health" => section(&locator, path, value, &mut problems, &mut config.health),
+                "breaker" => section(&locator, path, value, &mut problems, &mut config.breaker),
+                "retry" => section(&locator, path, value, &mut problems, &mut config.retry),
+                "queue" => section(&locator, path, value, &mut problems, &mut config.queue),
+                "store" => section(&locator, path, value, &mut problems, &mut config.store),
+                "alerts" => section(&locator, path, value, &mut problems, &mut config.alerts),
+                other => problems.push(Problem {
+                    path: other.to_string(),
+                    line: locator.line(other, None),
+                    message:
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts"
+                            .into(),
+                }),
+            }
+        }
+        // A file that lists no categories still gets the default one, so requests can be classified.
+        if !root.contains_key("categories") {
+            config.categories = vec![CategoryConfig::default()];
+        }
+        for (path, message) in config.validate() {
+            let line = locator.line(&path, None);
+            problems.push(Problem { path, line, message });
+        }
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            problems.sort_by_key(|p| p.line.unwrap_or(usize::MAX));
+            Err(ConfigError { problems })
+        }
+    }
+
+    /// Read and parse a file; problems carry the file's lines.
+    pub fn load(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            problems: vec![Problem {
+                path: String::new(),
+                line: None,
+                message: format!("cannot read {}: {e}", path.display()),
+            }],
+        })?;
+        Config::parse(&text)
+    }
+}
+
+fn section<T: serde::de::DeserializeOwned>(
+    loc: &Locator<'_>,
+    path: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+    out: &mut T,
+) {
+    match T::deserialize(value.clone()) {
+        Ok(v) => *out = v,
+        Err(e) => problems.push(loc.serde_problem(path, e)),
+    }
+}
+
+fn section_array<T: serde::de::DeserializeOwned>(
+    loc: &Locator<'_>,
+    path: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+    out: &mut Vec<T>,
+) {
+    let Some(items) = value.as_array() else {
+        problems.push(Problem {
+            path: path.into(),
+            line: loc.line(path, None),
+            message: format!("must be a list of tables, written [[{path}]]"),
+        });
+        return;
+    };
+    out.clear();
+    for (i, item) in items.iter().enumerate() {
+        let item_path = format!("{path}[{i}]");
+        match T::deserialize(item.clone()) {
+            Ok(v) => out.push(v),
+            Err(e) => problems.push(loc.serde_problem(&item_path, e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_working_defaults() {
+        let c = Config::parse("").expect("empty config is valid");
+        assert_eq!(c.listeners[0].addr, DEFAULT_PROXY_ADDR);
+        assert_eq!(c.nodes[0].url, DEFAULT_NODE_URL);
+        assert_eq!(c.categories[0].name, "default");
+    }
+
+    #[test]
+    fn contract_example_parses() {
+        let text = r#"
+[[listeners]]
+addr = "127.0.0.1:11400"
+origin = "local"
+category = "default"
+
+[admin]
+addr = "127.0.0.1:11402"
+
+[[nodes]]
+name = "gpu0"
+url = "http://127.0.0.1:11434"
+kind = "ollama"
+weight = 1
+max_concurrency = 4
+enabled = true
+
+[[categories]]
+name = "default"
+policy = "least-connections"
+priority = 1
+queue_timeout_ms = 30000
+cloud = "never"
+providers = []
+redact = false
+models = []
+
+[[providers]]
+name = "openai"
+base_url = "https://api.openai.com/v1"
+secret = "openai"
+model_map = { "llama3.1:8b" = "gpt-4o-mini" }
+"#;
+        let c = Config::parse(text).unwrap_or_else(|e| panic!("contract example must parse: {e}"));
+        assert_eq!(c.nodes[0].name, "gpu0");
+        assert_eq!(c.providers[0].model_map["llama3.1:8b"], "gpt-4o-mini");
+    }
+
+    #[test]
+    fn unknown_fields_and_sections_are_named() {
+        let err = Config::parse("[[nodes]]\nname = \"a\"\nurl = \"http://x:1\"\nwieght = 2\n[bogus]\nx = 1\n")
+            .expect_err("typos");
+        let text = err.to_string();
+        assert!(text.contains("line 4") && text.contains("wieght"), "{text}");
+        assert!(text.contains("line 5") && text.contains("bogus"), "{text}");
+    }
+
+    #[test]
+    fn syntax_errors_have_a_line() {
+        let err = Config::parse("[[nodes]]\nname = \"a\nurl = 3\n").expect_err("unterminated string");
+        assert_eq!(err.problems.len(), 1);
+        assert_eq!(err.problems[0].line, Some(2), "{err}");
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let c = Config::default();
+        let back = Config::parse(&c.to_toml()).expect("rendered config parses");
+        assert_eq!(c, back);
+    }
+}

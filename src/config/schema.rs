@@ -1,0 +1,466 @@
+//! The schema of `corral.toml`: one struct per section, with serde and the defaults.
+//!
+//! Every section is `#[serde(deny_unknown_fields, default)]`, so a typo is a problem and a
+//! missing field takes a default that works: `Config::default()` (and so an empty file) is one
+//! proxy listener on 127.0.0.1:11400 in front of one Ollama on 127.0.0.1:11434, with the
+//! `default` category. These types are plain data: they hold no runtime state and do no I/O;
+//! whether values make sense together is `validate`'s job, not the deserializer's. Field and
+//! variant names are the public contract (CONTRACT.md): add fields freely, never rename one.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_PROXY_ADDR: &str = "127.0.0.1:11400";
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:11402";
+pub const DEFAULT_NODE_URL: &str = "http://127.0.0.1:11434";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listeners: Vec<ListenerConfig>,
+    pub admin: AdminConfig,
+    pub nodes: Vec<NodeConfig>,
+    pub categories: Vec<CategoryConfig>,
+    pub providers: Vec<ProviderConfig>,
+    pub proxy: ProxyConfig,
+    pub health: HealthConfig,
+    pub breaker: BreakerConfig,
+    pub retry: RetryConfig,
+    pub queue: QueueConfig,
+    pub store: StoreConfig,
+    pub alerts: AlertsConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listeners: vec![ListenerConfig::default()],
+            admin: AdminConfig::default(),
+            nodes: vec![NodeConfig { name: "local".into(), url: DEFAULT_NODE_URL.into(), ..NodeConfig::default() }],
+            categories: vec![CategoryConfig::default()],
+            providers: Vec::new(),
+            proxy: ProxyConfig::default(),
+            health: HealthConfig::default(),
+            breaker: BreakerConfig::default(),
+            retry: RetryConfig::default(),
+            queue: QueueConfig::default(),
+            store: StoreConfig::default(),
+            alerts: AlertsConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Origin {
+    #[default]
+    Local,
+    Remote,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ListenerConfig {
+    pub addr: String,
+    pub origin: Origin,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<String>,
+    /// When not empty, every request on this listener must carry `Authorization: Bearer <key>`
+    /// with one of these keys. Each entry names a keyring secret (`corral secret set NAME`)
+    /// holding one client's key, so a client is revoked by deleting its secret.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<String>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None, api_keys: Vec::new() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    pub addr: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { addr: DEFAULT_ADMIN_ADDR.into() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeKind {
+    #[default]
+    Ollama,
+    Openai,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    pub name: String,
+    pub url: String,
+    pub kind: NodeKind,
+    pub weight: u32,
+    pub max_concurrency: u32,
+    pub enabled: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            url: String::new(),
+            kind: NodeKind::Ollama,
+            weight: 1,
+            max_concurrency: 4,
+            enabled: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    RoundRobin,
+    Weighted,
+    #[default]
+    LeastConnections,
+    LeastLatency,
+    P2c,
+    Priority,
+    Sticky,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 7] = [
+        Policy::RoundRobin,
+        Policy::Weighted,
+        Policy::LeastConnections,
+        Policy::LeastLatency,
+        Policy::P2c,
+        Policy::Priority,
+        Policy::Sticky,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::RoundRobin => "round-robin",
+            Self::Weighted => "weighted",
+            Self::LeastConnections => "least-connections",
+            Self::LeastLatency => "least-latency",
+            Self::P2c => "p2c",
+            Self::Priority => "priority",
+            Self::Sticky => "sticky",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum CloudPermission {
+    #[default]
+    Never,
+    OnFailure,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CategoryConfig {
+    pub name: String,
+    pub policy: Policy,
+    pub priority: u32,
+    pub queue_timeout_ms: u64,
+    pub cloud: CloudPermission,
+    pub providers: Vec<String>,
+    pub redact: bool,
+    pub models: Vec<String>,
+    /// Prefer nodes that have the model loaded entirely in VRAM (`/api/ps`).
+    pub affinity: bool,
+    /// For `policy = "priority"`: node names, most preferred first; unlisted nodes follow in
+    /// config order.
+    pub order: Vec<String>,
+}
+
+impl Default for CategoryConfig {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            policy: Policy::LeastConnections,
+            priority: 1,
+            queue_timeout_ms: 30_000,
+            cloud: CloudPermission::Never,
+            providers: Vec::new(),
+            redact: false,
+            models: Vec::new(),
+            affinity: true,
+            order: Vec::new(),
+        }
+    }
+}
+
+/// An OpenAI-compatible Chat Completions endpoint that categories may fall back to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProviderConfig {
+    pub name: String,
+    /// The API base, with or without its `/v1` (`https://api.openai.com/v1`).
+    pub base_url: String,
+    /// Name of the keyring entry holding the API key (`corral secret set NAME`); empty for a
+    /// server that takes no key.
+    pub secret: String,
+    /// Local model name -> provider model; `"*"` catches the rest; unmapped names pass as-is.
+    pub model_map: std::collections::BTreeMap<String, String>,
+    pub connect_timeout_ms: u64,
+    /// Until the first byte of the answer (a whole non-streamed answer included).
+    pub first_byte_timeout_ms: u64,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            base_url: String::new(),
+            secret: String::new(),
+            model_map: std::collections::BTreeMap::new(),
+            connect_timeout_ms: 5_000,
+            first_byte_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// Thresholds that raise events for people (the desktop app turns them into notifications).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlertsConfig {
+    /// Share (0..1) of requests answered by a cloud provider over the window that raises the
+    /// `fallback_share` event; 0 turns the alert off.
+    pub fallback_share: f64,
+    pub fallback_window_ms: u64,
+    /// Fewer requests than this in the window never raise the alert (one fallback out of one
+    /// request is not a trend).
+    pub fallback_min_requests: u64,
+}
+
+impl Default for AlertsConfig {
+    fn default() -> Self {
+        Self { fallback_share: 0.25, fallback_window_ms: 300_000, fallback_min_requests: 20 }
+    }
+}
+
+/// How requests are carried to nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    /// Largest request body accepted; bigger ones get 413 before anything is forwarded.
+    pub max_body_bytes: usize,
+    pub connect_timeout_ms: u64,
+    /// Until the first byte of the answer. Non-streamed generation sends nothing until it is
+    /// done, so this bounds a whole non-streamed answer too.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence between two chunks of a streamed answer.
+    pub idle_timeout_ms: u64,
+    /// How long `serve` lets in-flight requests finish after SIGINT/SIGTERM.
+    pub drain_timeout_ms: u64,
+    /// Context window assumed when neither the request (`options.num_ctx`) nor a node's
+    /// `/api/ps` says otherwise (Ollama's own default).
+    pub default_num_ctx: u64,
+    /// Refuse prompts that cannot fit the context instead of letting Ollama truncate them.
+    pub context_guard: bool,
+    /// A client must send its request headers within this (slowloris protection).
+    pub header_read_timeout_ms: u64,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 32 * 1024 * 1024,
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 300_000,
+            idle_timeout_ms: 120_000,
+            drain_timeout_ms: 30_000,
+            default_num_ctx: 4096,
+            context_guard: true,
+            header_read_timeout_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Liveness probe (`GET /api/version`) period.
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Consecutive failed probes that take a healthy node down.
+    pub failures_to_down: u32,
+    /// Consecutive good probes that bring a down node back (hysteresis against flapping).
+    pub successes_to_up: u32,
+    /// Deep probe (`/api/tags`, `/api/ps`) period: which models each node has and has loaded.
+    pub deep_interval_ms: u64,
+    /// After a node comes back, its share of traffic ramps from 10% to 100% over this long.
+    pub slow_start_ms: u64,
+    /// Optional readiness probe: a 1-token generate on this model. Off by default: it loads
+    /// the model and resets its keep-alive, pinning VRAM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readiness_model: Option<String>,
+    /// Models to preload (`/api/generate` with only `model` and `keep_alive`) when a node
+    /// joins or comes back, before it takes traffic.
+    pub warm_models: Vec<String>,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            failures_to_down: 2,
+            successes_to_up: 2,
+            deep_interval_ms: 10_000,
+            slow_start_ms: 30_000,
+            readiness_model: None,
+            warm_models: Vec::new(),
+        }
+    }
+}
+
+/// Per-node circuit breaker, fed by the outcome of every request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Consecutive failures (5xx, timeouts, broken streams) that open the breaker.
+    pub failures_to_open: u32,
+    /// How long an open breaker keeps the node out before a trial request.
+    pub cooldown_ms: u64,
+    /// Successful trials in a row that close it again.
+    pub trial_requests: u32,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self { failures_to_open: 5, cooldown_ms: 10_000, trial_requests: 2 }
+    }
+}
+
+/// The request store (SQLite).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    pub enabled: bool,
+    /// The SQLite file; default `corral.db` in the platform data dir.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Rows older than this are deleted.
+    pub max_age_days: u32,
+    /// At most this many request rows are kept (newest first).
+    pub max_rows: u64,
+    /// Records waiting for the writer; past it they are dropped and counted.
+    pub channel_capacity: usize,
+    pub retention_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: None,
+            max_age_days: 30,
+            max_rows: 1_000_000,
+            channel_capacity: 10_000,
+            retention_interval_ms: 600_000,
+        }
+    }
+}
+
+/// The broker's own queue for requests waiting for a free node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Most requests waiting at once; past it, 429.
+    pub max_requests: usize,
+    /// Most request-body bytes waiting at once; past it, 429.
+    pub max_bytes: usize,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// Full-jitter exponential backoff: attempt n sleeps uniform(0, min(cap, base * 2^n)).
+    pub backoff_base_ms: u64,
+    pub backoff_cap_ms: u64,
+    /// Retry budget: retries may be at most this share of recent requests ...
+    pub budget_ratio: f64,
+    /// ... plus this many per second, so a quiet broker can still retry.
+    pub budget_min_per_sec: u32,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self { max_attempts: 3, backoff_base_ms: 25, backoff_cap_ms: 1_000, budget_ratio: 0.2, budget_min_per_sec: 10 }
+    }
+}
+
+impl ProxyConfig {
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn first_byte_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_byte_timeout_ms)
+    }
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
+impl Config {
+    pub fn category(&self, name: &str) -> Option<&CategoryConfig> {
+        self.categories.iter().find(|c| c.name == name)
+    }
+
+    /// TOML text of this config, with every default written out.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+}
+
+/// Ollama treats `llama3.2` and `llama3.2:latest` as one model.
+pub fn normalize_model(name: &str) -> String {
+    model_key(name).into_owned()
+}
+
+/// `normalize_model` without allocating when the name already has a tag (the hot path).
+pub fn model_key(name: &str) -> std::borrow::Cow<'_, str> {
+    let last = name.rsplit('/').next().unwrap_or(name);
+    if last.contains(':') {
+        std::borrow::Cow::Borrowed(name)
+    } else {
+        std::borrow::Cow::Owned(format!("{name}:latest"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_normalize_like_ollama() {
+        assert_eq!(normalize_model("llama3.2"), "llama3.2:latest");
+        assert_eq!(normalize_model("llama3.2:1b"), "llama3.2:1b");
+        assert_eq!(normalize_model("registry.io:5000/lib/m"), "registry.io:5000/lib/m:latest");
+    }
+}

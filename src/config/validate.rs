@@ -1,0 +1,479 @@
+//! Validation: every problem in a config, each with the dotted path of the value at fault
+//! (`nodes[1].url`) and, when the text is at hand, the line it sits on.
+//!
+//! `Config::validate` never stops at the first problem: each section has its own check, and
+//! every check runs and pushes what it finds, in a fixed order (listeners, admin, nodes,
+//! categories, providers, the numeric settings, alerts, retry), so the same config always
+//! gives the same list. Checks only read the config: they fix nothing and fill in nothing, and
+//! a config with an empty list is safe to run. The paths and messages are shown to people and
+//! matched by tests and scripts: change them only on purpose. `Locator` maps a path back to its
+//! line through `toml_edit`'s spans, walking up the path when the value itself is not in the
+//! file (a default that breaks a rule points at its section).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+
+use super::schema::{CloudPermission, Config};
+
+/// One thing wrong with a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted path of the offending value, e.g. `nodes[1].url`.
+    pub path: String,
+    /// 1-based line in the file, when the value could be located.
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "line {line}: ")?,
+            None => write!(f, "")?,
+        }
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Every problem found in one config text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(f, "{n} problem{} in config", if n == 1 { "" } else { "s" })?;
+        for p in &self.problems {
+            write!(f, "\n  {p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigError {
+    pub fn code(&self) -> &'static str {
+        "invalid_config"
+    }
+}
+
+/// `(path, message)` pairs, in the order the checks found them.
+type Found = Vec<(String, String)>;
+
+fn push(out: &mut Found, path: impl Into<String>, message: impl Into<String>) {
+    out.push((path.into(), message.into()));
+}
+
+impl Config {
+    /// Semantic checks over the whole config: `(path, message)` for every problem.
+    pub fn validate(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let addrs = listeners(self, &mut out);
+        admin(self, &addrs, &mut out);
+        nodes(self, &mut out);
+        categories(self, &mut out);
+        providers(self, &mut out);
+        nonzero(self, &mut out);
+        alerts(self, &mut out);
+        retry(self, &mut out);
+        out
+    }
+}
+
+/// `[[listeners]]`: addresses parse and differ, key names are secret names, categories exist.
+/// Returns the proxy addresses, which the admin address must not reuse.
+fn listeners(c: &Config, out: &mut Found) -> HashSet<SocketAddr> {
+    if c.listeners.is_empty() {
+        push(out, "listeners", "at least one proxy listener is needed");
+    }
+    let mut addrs = HashSet::new();
+    for (i, l) in c.listeners.iter().enumerate() {
+        match l.addr.parse::<SocketAddr>() {
+            Err(_) => push(
+                out,
+                format!("listeners[{i}].addr"),
+                format!("\"{}\" is not an address like 127.0.0.1:11400", l.addr),
+            ),
+            Ok(a) => {
+                // Port 0 means "any free port": never a clash.
+                if a.port() != 0 && !addrs.insert(a) {
+                    push(out, format!("listeners[{i}].addr"), format!("{a} is used twice"));
+                }
+            }
+        }
+        for (j, k) in l.api_keys.iter().enumerate() {
+            if crate::secrets::check_name(k).is_err() {
+                push(
+                    out,
+                    format!("listeners[{i}].api_keys[{j}]"),
+                    format!("\"{k}\" is not a secret name (a-z, 0-9, '-', '_', '.')"),
+                );
+            }
+        }
+        if let Some(cat) = &l.category {
+            if !c.categories.iter().any(|k| &k.name == cat) {
+                push(out, format!("listeners[{i}].category"), format!("no category named \"{cat}\""));
+            }
+        }
+    }
+    addrs
+}
+
+/// `[admin]`: the address parses and is not also a proxy listener.
+fn admin(c: &Config, proxy_addrs: &HashSet<SocketAddr>, out: &mut Found) {
+    match c.admin.addr.parse::<SocketAddr>() {
+        Err(_) => push(out, "admin.addr", format!("\"{}\" is not an address like 127.0.0.1:11402", c.admin.addr)),
+        Ok(a) => {
+            if a.port() != 0 && proxy_addrs.contains(&a) {
+                push(out, "admin.addr", format!("{a} is also a proxy listener"));
+            }
+        }
+    }
+}
+
+/// `[[nodes]]`: at least one; unique well-formed names, http(s) URLs, usable weights and limits.
+fn nodes(c: &Config, out: &mut Found) {
+    if c.nodes.is_empty() {
+        push(out, "nodes", "at least one node is needed");
+    }
+    let mut names = HashSet::new();
+    for (i, n) in c.nodes.iter().enumerate() {
+        if n.name.is_empty() {
+            push(out, format!("nodes[{i}].name"), "a node needs a name");
+        } else if !n.name.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || "-_.".contains(ch)) {
+            push(out, format!("nodes[{i}].name"), format!("\"{}\" may only use a-z, 0-9, '-', '_' and '.'", n.name));
+        } else if !names.insert(n.name.as_str()) {
+            push(out, format!("nodes[{i}].name"), format!("\"{}\" is used by an earlier node", n.name));
+        }
+        match url::Url::parse(&n.url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(u) => push(
+                out,
+                format!("nodes[{i}].url"),
+                format!("\"{}\" must be an http:// or https:// URL with a host (got scheme {})", n.url, u.scheme()),
+            ),
+            Err(e) => push(out, format!("nodes[{i}].url"), format!("\"{}\" is not a URL: {e}", n.url)),
+        }
+        if n.weight == 0 {
+            push(out, format!("nodes[{i}].weight"), "must be greater than 0");
+        }
+        if n.max_concurrency == 0 {
+            push(out, format!("nodes[{i}].max_concurrency"), "must be at least 1");
+        }
+    }
+}
+
+/// `[[categories]]`: unique names; `order`, `providers` and `models` refer to real things.
+fn categories(c: &Config, out: &mut Found) {
+    let mut cats = HashSet::new();
+    for (i, cat) in c.categories.iter().enumerate() {
+        if cat.name.is_empty() {
+            push(out, format!("categories[{i}].name"), "a category needs a name");
+        } else if !cats.insert(cat.name.as_str()) {
+            push(out, format!("categories[{i}].name"), format!("\"{}\" is used by an earlier category", cat.name));
+        }
+        for (j, o) in cat.order.iter().enumerate() {
+            if !c.nodes.iter().any(|n| &n.name == o) {
+                push(out, format!("categories[{i}].order[{j}]"), format!("no node named \"{o}\""));
+            }
+        }
+        if cat.queue_timeout_ms == 0 {
+            push(out, format!("categories[{i}].queue_timeout_ms"), "must be greater than 0");
+        }
+        for (j, p) in cat.providers.iter().enumerate() {
+            if !c.providers.iter().any(|q| &q.name == p) {
+                push(out, format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
+            }
+        }
+        if cat.cloud == CloudPermission::OnFailure && cat.providers.is_empty() {
+            push(
+                out,
+                format!("categories[{i}].providers"),
+                "cloud = \"on-failure\" needs at least one provider to fall back to",
+            );
+        }
+        for (j, m) in cat.models.iter().enumerate() {
+            if m.is_empty() {
+                push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
+            }
+        }
+    }
+}
+
+/// `[[providers]]`: unique names, http(s) base URLs, secret names, timeouts above 0.
+fn providers(c: &Config, out: &mut Found) {
+    let mut provs = HashSet::new();
+    for (i, p) in c.providers.iter().enumerate() {
+        if p.name.is_empty() {
+            push(out, format!("providers[{i}].name"), "a provider needs a name");
+        } else if !provs.insert(p.name.as_str()) {
+            push(out, format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
+        }
+        match url::Url::parse(&p.base_url) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
+            Ok(_) => push(
+                out,
+                format!("providers[{i}].base_url"),
+                format!("\"{}\" must be an http:// or https:// URL", p.base_url),
+            ),
+            Err(e) => push(out, format!("providers[{i}].base_url"), format!("\"{}\" is not a URL: {e}", p.base_url)),
+        }
+        if !p.secret.is_empty() && crate::secrets::check_name(&p.secret).is_err() {
+            push(
+                out,
+                format!("providers[{i}].secret"),
+                format!("\"{}\" is not a secret name (a-z, 0-9, '-', '_', '.')", p.secret),
+            );
+        }
+        for (field, v) in
+            [("connect_timeout_ms", p.connect_timeout_ms), ("first_byte_timeout_ms", p.first_byte_timeout_ms)]
+        {
+            if v == 0 {
+                push(out, format!("providers[{i}].{field}"), "must be greater than 0");
+            }
+        }
+    }
+}
+
+/// Timeouts, periods, counts and limits across the tuning sections, where 0 makes no sense.
+fn nonzero(c: &Config, out: &mut Found) {
+    for (field, v) in [
+        ("proxy.connect_timeout_ms", c.proxy.connect_timeout_ms),
+        ("proxy.first_byte_timeout_ms", c.proxy.first_byte_timeout_ms),
+        ("proxy.idle_timeout_ms", c.proxy.idle_timeout_ms),
+        ("proxy.max_body_bytes", c.proxy.max_body_bytes as u64),
+        ("health.interval_ms", c.health.interval_ms),
+        ("health.timeout_ms", c.health.timeout_ms),
+        ("health.deep_interval_ms", c.health.deep_interval_ms),
+        ("health.failures_to_down", u64::from(c.health.failures_to_down)),
+        ("health.successes_to_up", u64::from(c.health.successes_to_up)),
+        ("breaker.failures_to_open", u64::from(c.breaker.failures_to_open)),
+        ("breaker.trial_requests", u64::from(c.breaker.trial_requests)),
+        ("queue.max_requests", c.queue.max_requests as u64),
+        ("store.max_rows", c.store.max_rows),
+        ("store.channel_capacity", c.store.channel_capacity as u64),
+        ("store.retention_interval_ms", c.store.retention_interval_ms),
+        ("queue.max_bytes", c.queue.max_bytes as u64),
+        ("proxy.default_num_ctx", c.proxy.default_num_ctx),
+        ("proxy.header_read_timeout_ms", c.proxy.header_read_timeout_ms),
+        ("retry.max_attempts", u64::from(c.retry.max_attempts)),
+    ] {
+        if v == 0 {
+            push(out, field, "must be greater than 0");
+        }
+    }
+}
+
+/// `[alerts]`: the fallback share is a ratio, and its window long enough to mean something.
+fn alerts(c: &Config, out: &mut Found) {
+    if !(0.0..=1.0).contains(&c.alerts.fallback_share) {
+        push(out, "alerts.fallback_share", "must be between 0 and 1 (0 turns the alert off)");
+    }
+    if c.alerts.fallback_window_ms < 1_000 {
+        push(out, "alerts.fallback_window_ms", "must be at least 1000");
+    }
+}
+
+/// `[retry]`: the budget is a ratio and the backoff cap is not below its base.
+fn retry(c: &Config, out: &mut Found) {
+    if !(0.0..=1.0).contains(&c.retry.budget_ratio) {
+        push(out, "retry.budget_ratio", "must be between 0 and 1");
+    }
+    if c.retry.backoff_cap_ms < c.retry.backoff_base_ms {
+        push(out, "retry.backoff_cap_ms", "must not be smaller than retry.backoff_base_ms");
+    }
+}
+
+/// Finds the line of a dotted path in the original text.
+pub(super) struct Locator<'a> {
+    pub(super) text: &'a str,
+    pub(super) doc: &'a toml_edit::ImDocument<&'a str>,
+}
+
+impl Locator<'_> {
+    pub(super) fn serde_problem(&self, path: &str, e: toml::de::Error) -> Problem {
+        let message = e.message().trim().to_string();
+        // serde names the offending field (or the offending value) in backticks: point at the
+        // key it belongs to when the file has it.
+        let quoted = message.split('`').nth(1).unwrap_or_default();
+        let full = if self.item(&format!("{path}.{quoted}")).is_some() {
+            format!("{path}.{quoted}")
+        } else {
+            self.key_with_value(path, quoted).map(|k| format!("{path}.{k}")).unwrap_or_else(|| path.to_string())
+        };
+        Problem { line: self.line(&full, None), path: full, message }
+    }
+
+    pub(super) fn line(&self, path: &str, _hint: Option<usize>) -> Option<usize> {
+        // Walk back up the path until something has a span.
+        let mut p = path.to_string();
+        loop {
+            if let Some(span) = self.span(&p) {
+                return Some(line_of(self.text, span.start));
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p.truncate(i),
+                None => return None,
+            }
+        }
+    }
+
+    /// The key of the table at `path` whose value is the string `value`.
+    fn key_with_value(&self, path: &str, value: &str) -> Option<String> {
+        let table: Vec<(String, Option<String>)> = match self.item(path)? {
+            Located::Table(t) => t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect(),
+            Located::Item(toml_edit::Item::Table(t)) => {
+                t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect()
+            }
+            Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t)))
+            | Located::Value(toml_edit::Value::InlineTable(t)) => {
+                t.iter().map(|(k, v)| (k.to_string(), v.as_str().map(str::to_string))).collect()
+            }
+            _ => return None,
+        };
+        table.into_iter().find(|(_, v)| v.as_deref() == Some(value)).map(|(k, _)| k)
+    }
+
+    fn span(&self, path: &str) -> Option<std::ops::Range<usize>> {
+        match self.item(path)? {
+            Located::Item(item) => item.span(),
+            Located::Table(t) => t.span(),
+            Located::Value(v) => v.span(),
+        }
+    }
+
+    fn item(&self, path: &str) -> Option<Located<'_>> {
+        let mut cur = Located::Table(self.doc.as_table());
+        for seg in path.split('.') {
+            let (key, index) = match seg.split_once('[') {
+                Some((k, rest)) => (k, rest.trim_end_matches(']').parse::<usize>().ok()),
+                None => (seg, None),
+            };
+            let next = match cur {
+                Located::Table(t) => Located::Item(t.get(key)?),
+                Located::Item(toml_edit::Item::Table(t)) => Located::Item(t.get(key)?),
+                Located::Item(toml_edit::Item::Value(toml_edit::Value::InlineTable(t))) => Located::Value(t.get(key)?),
+                Located::Value(toml_edit::Value::InlineTable(t)) => Located::Value(t.get(key)?),
+                _ => return None,
+            };
+            cur = match index {
+                None => next,
+                Some(i) => match next {
+                    Located::Item(toml_edit::Item::ArrayOfTables(a)) => Located::Table(a.get(i)?),
+                    Located::Item(toml_edit::Item::Value(toml_edit::Value::Array(a))) => Located::Value(a.get(i)?),
+                    Located::Value(toml_edit::Value::Array(a)) => Located::Value(a.get(i)?),
+                    _ => return None,
+                },
+            };
+        }
+        Some(cur)
+    }
+}
+
+enum Located<'a> {
+    Item(&'a toml_edit::Item),
+    Table(&'a toml_edit::Table),
+    Value(&'a toml_edit::Value),
+}
+
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_problem_is_reported_with_its_line() {
+        let text = "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\n\n[[nodes]]\nname = \"a\"\nurl = \"not a url\"\nweight = 0\n\n[[categories]]\nname = \"default\"\npolicy = \"fastest\"\n\n[health]\ninterval_ms = \"soon\"\n";
+        let err = Config::parse(text).expect_err("three sections are broken");
+        let lines: Vec<_> = err.problems.iter().map(|p| (p.path.as_str(), p.line)).collect();
+        assert!(lines.contains(&("nodes[1].name", Some(6))), "duplicate name on line 6: {lines:?}");
+        assert!(lines.contains(&("nodes[1].url", Some(7))), "bad url on line 7: {lines:?}");
+        assert!(lines.contains(&("nodes[1].weight", Some(8))), "zero weight on line 8: {lines:?}");
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.path.starts_with("categories[0]") && p.line == Some(12) && p.message.contains("fastest")),
+            "{err}"
+        );
+        assert!(err.problems.iter().any(|p| p.path.starts_with("health") && p.line.is_some()), "{err}");
+    }
+
+    #[test]
+    fn cloud_settings_are_checked() {
+        let text = "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\nkind = \"openai\"\n\n[[categories]]\nname = \"default\"\ncloud = \"on-failure\"\n\n[[providers]]\nname = \"p\"\nbase_url = \"ftp://x\"\nsecret = \"Bad Name\"\nfirst_byte_timeout_ms = 0\n\n[alerts]\nfallback_share = 2.0\n";
+        let err = Config::parse(text).expect_err("broken cloud settings");
+        let paths: Vec<&str> = err.problems.iter().map(|p| p.path.as_str()).collect();
+        for want in [
+            "categories[0].providers",
+            "providers[0].base_url",
+            "providers[0].secret",
+            "providers[0].first_byte_timeout_ms",
+            "alerts.fallback_share",
+        ] {
+            assert!(paths.contains(&want), "{want} missing from {paths:?}");
+        }
+        assert!(!paths.iter().any(|p| p.starts_with("nodes")), "kind = openai is a valid node: {paths:?}");
+        let ok = "[[nodes]]\nname = \"a\"\nurl = \"https://gpu.example:443\"\n\n[[providers]]\nname = \"local-vllm\"\nbase_url = \"http://10.0.0.9:8000/v1\"\n";
+        let c = Config::parse(ok).unwrap_or_else(|e| panic!("https nodes and key-less providers are fine: {e}"));
+        assert_eq!(c.providers[0].first_byte_timeout_ms, 60_000);
+    }
+
+    #[test]
+    fn every_section_is_checked_in_a_fixed_order() {
+        use crate::config::{CategoryConfig, ListenerConfig, NodeConfig, ProviderConfig};
+        let mut c = Config::default();
+        c.listeners.push(ListenerConfig {
+            addr: "bad".into(),
+            category: Some("nope".into()),
+            api_keys: vec!["Bad Key".into()],
+            ..ListenerConfig::default()
+        });
+        c.listeners.push(ListenerConfig::default());
+        c.admin.addr = c.listeners[0].addr.clone();
+        c.nodes.push(NodeConfig { name: "BAD".into(), url: "ftp://x".into(), weight: 0, ..NodeConfig::default() });
+        c.categories.push(CategoryConfig {
+            name: "default".into(),
+            order: vec!["zz".into()],
+            cloud: CloudPermission::OnFailure,
+            ..CategoryConfig::default()
+        });
+        c.providers.push(ProviderConfig { base_url: "nope".into(), ..ProviderConfig::default() });
+        c.proxy.idle_timeout_ms = 0;
+        c.alerts.fallback_window_ms = 5;
+        c.retry.backoff_cap_ms = 1;
+        let got = c.validate();
+        let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "listeners[1].addr",
+                "listeners[1].api_keys[0]",
+                "listeners[1].category",
+                "listeners[2].addr",
+                "admin.addr",
+                "nodes[1].name",
+                "nodes[1].url",
+                "nodes[1].weight",
+                "categories[1].name",
+                "categories[1].order[0]",
+                "categories[1].providers",
+                "providers[0].name",
+                "providers[0].base_url",
+                "proxy.idle_timeout_ms",
+                "alerts.fallback_window_ms",
+                "retry.backoff_cap_ms",
+            ],
+            "one check per section, run in this order, each reporting every problem it finds"
+        );
+        assert_eq!(got[4].1, "127.0.0.1:11400 is also a proxy listener", "admin sees the listeners' addresses");
+    }
+}
