@@ -13,8 +13,16 @@
 //!
 //! Admission mirrors Ollama's scheduler: `parallel` requests run at once, up to `max_queue` more
 //! wait, and past that the node answers 503 "server busy".
+//!
+//! The HTTP surface, by role: `router` records every request and applies the node-wide checks,
+//! then hands it to `ollama` (`/api/*`, `/`), `openai` (`/v1/*`) or `control` (`/_sim/*`);
+//! `inference` is the generation both dialects share, `text` the deterministic words.
 
-mod api;
+mod control;
+mod inference;
+mod ollama;
+mod openai;
+mod router;
 pub mod text;
 
 use std::collections::VecDeque;
@@ -257,7 +265,7 @@ impl SimNode {
 
     /// Inference requests received (chat, generate, embeddings, `/v1/*`).
     pub fn inference_count(&self) -> usize {
-        self.received().iter().filter(|r| api::is_inference(&r.path)).count()
+        self.received().iter().filter(|r| inference::is_inference(&r.path)).count()
     }
 
     /// Streams the client abandoned before the end.
@@ -293,7 +301,7 @@ impl Drop for SimNode {
 }
 
 fn serve(shared: &Arc<Shared>, listener: TcpListener) {
-    let app = api::router(Arc::clone(shared));
+    let app = router::router(Arc::clone(shared));
     let handle = tokio::spawn(async move {
         // Connections live in this task's JoinSet, so aborting the task drops them all.
         let mut conns = tokio::task::JoinSet::new();
