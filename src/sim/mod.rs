@@ -340,7 +340,6 @@ async fn restart(shared: &Arc<Shared>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Start several nodes, for `corral sim --nodes N` and the demo.
 /// The demo cluster: `n` simulated nodes with different models and speeds, named sim-a,
 /// sim-b, ... (what `corral demo` and the desktop app run when there is nothing to front).
 pub async fn demo_nodes(n: usize) -> std::io::Result<(Vec<SimNode>, Vec<crate::config::NodeConfig>)> {
@@ -395,6 +394,8 @@ pub async fn demo_cloud(
     Ok((cloud, provider, categories))
 }
 
+/// Start `n` nodes on consecutive ports from `base_port` (all ephemeral if 0), for
+/// `corral sim --nodes N`.
 pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
