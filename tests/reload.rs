@@ -81,7 +81,8 @@ impl Watched {
 
     async fn chat(&self) -> reqwest::Response {
         let url = format!("http://{}/api/chat", self.broker.proxy_addr());
-        let body = serde_json::json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
+        let body =
+            serde_json::json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]});
         reqwest::Client::new().post(url).json(&body).send().await.expect("answered")
     }
 }
@@ -149,7 +150,10 @@ async fn keys_bound_at_start_are_reported_as_needing_a_restart() {
 async fn a_probe_interval_edited_in_the_file_reschedules_the_probes() {
     let sim = SimNode::start(SimSpec::default()).await.expect("sim");
     let w = Watched::start(sim.url(), "[health]\ninterval_ms = 600000\n").await;
-    assert!(eventually(Duration::from_secs(5), || sim.count("/api/version") >= 1).await, "the first probe runs at start");
+    assert!(
+        eventually(Duration::from_secs(5), || sim.count("/api/version") >= 1).await,
+        "the first probe runs at start"
+    );
     w.edit("[health]\ninterval_ms = 20\n").await;
     assert!(
         eventually(Duration::from_secs(5), || sim.count("/api/version") >= 4).await,

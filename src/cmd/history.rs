@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use corral::store::{query_requests, Query, RequestRow};
 
+use super::args::HistoryArgs;
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Format {
     Table,
@@ -14,7 +16,22 @@ pub enum Format {
     Json,
 }
 
-pub async fn run(db: &Path, query: Query, format: Format) -> ExitCode {
+pub async fn run(a: HistoryArgs) -> ExitCode {
+    let Some(since_ms) = corral::admin::parse_since(&a.since) else {
+        eprintln!("error: --since {} is not like 30s, 15m, 1h or 7d", a.since);
+        return ExitCode::from(2);
+    };
+    let db = match super::store_path(a.db, a.config.as_deref()) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let query =
+        Query { since_ms: Some(since_ms), node: a.node, category: a.category, status: a.status, limit: Some(a.limit) };
+    print(&db, query, a.format).await
+}
+
+/// The rows `query` selects from the store at `db`, printed in `format`.
+async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
     if !db.exists() {
         eprintln!("error: no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display());
         return ExitCode::from(1);

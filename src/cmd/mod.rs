@@ -1,4 +1,61 @@
-//! Subcommands of the `corral` binary that talk to a running broker over HTTP.
+//! The `corral` binary's commands, one module each; `args` holds their clap definitions.
+//!
+//! Each command parses nothing itself (`main.rs` did) and decides no broker behaviour: it loads
+//! what it needs, calls the library, prints, and returns the exit code (0 ok, 1 runtime failure,
+//! 2 usage or validation error). What several commands share lives here: where the store is, the
+//! admin token for a broker this process starts, and waiting for a stop signal.
 
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use corral::StartOptions;
+
+pub mod args;
+pub mod bench;
+pub mod config;
+pub mod demo;
 pub mod history;
 pub mod models;
+pub mod report;
+pub mod secret;
+pub mod serve;
+pub mod sim;
+
+/// The request store: `--db`, else the one the config (`--config`, or the platform's) names.
+fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {
+    match db {
+        Some(db) => Ok(db),
+        None => config::load(config).map(|(c, _, _)| corral::store::default_path(&c.store)),
+    }
+}
+
+/// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.
+fn start_options() -> StartOptions {
+    StartOptions {
+        admin_token: std::env::var("CORRAL_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
+        ..StartOptions::default()
+    }
+}
+
+/// Returns on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -13,8 +13,16 @@
 //!
 //! Admission mirrors Ollama's scheduler: `parallel` requests run at once, up to `max_queue` more
 //! wait, and past that the node answers 503 "server busy".
+//!
+//! The HTTP surface, by role: `router` records every request and applies the node-wide checks,
+//! then hands it to `ollama` (`/api/*`, `/`), `openai` (`/v1/*`) or `control` (`/_sim/*`);
+//! `inference` is the generation both dialects share, `text` the deterministic words.
 
-mod api;
+mod control;
+mod inference;
+mod ollama;
+mod openai;
+mod router;
 pub mod text;
 
 use std::collections::VecDeque;
@@ -257,7 +265,7 @@ impl SimNode {
 
     /// Inference requests received (chat, generate, embeddings, `/v1/*`).
     pub fn inference_count(&self) -> usize {
-        self.received().iter().filter(|r| api::is_inference(&r.path)).count()
+        self.received().iter().filter(|r| inference::is_inference(&r.path)).count()
     }
 
     /// Streams the client abandoned before the end.
@@ -293,7 +301,7 @@ impl Drop for SimNode {
 }
 
 fn serve(shared: &Arc<Shared>, listener: TcpListener) {
-    let app = api::router(Arc::clone(shared));
+    let app = router::router(Arc::clone(shared));
     let handle = tokio::spawn(async move {
         // Connections live in this task's JoinSet, so aborting the task drops them all.
         let mut conns = tokio::task::JoinSet::new();
@@ -332,7 +340,6 @@ async fn restart(shared: &Arc<Shared>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Start several nodes, for `corral sim --nodes N` and the demo.
 /// The demo cluster: `n` simulated nodes with different models and speeds, named sim-a,
 /// sim-b, ... (what `corral demo` and the desktop app run when there is nothing to front).
 pub async fn demo_nodes(n: usize) -> std::io::Result<(Vec<SimNode>, Vec<crate::config::NodeConfig>)> {
@@ -387,6 +394,8 @@ pub async fn demo_cloud(
     Ok((cloud, provider, categories))
 }
 
+/// Start `n` nodes on consecutive ports from `base_port` (all ephemeral if 0), for
+/// `corral sim --nodes N`.
 pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Result<Vec<SimNode>> {
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {

@@ -1,0 +1,41 @@
+//! `corral serve`: the broker headless, from a config file (or defaults), until SIGINT/SIGTERM,
+//! then a graceful drain. Prints the proxy URL, the admin URL and the UI login URL on stderr.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use corral::{Broker, StartOptions};
+
+pub async fn run(config: Option<&Path>, notify: bool) -> ExitCode {
+    let (config, source, watch) = match super::config::load(config) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
+    for (name, state) in super::secret::states(&config) {
+        if state != "set" {
+            tracing::warn!(secret = %name, state, "a provider's secret is not in the OS keyring; set it with `corral secret set {name}`");
+        }
+    }
+    let options = StartOptions { config_path: watch, ..super::start_options() };
+    let broker = match Broker::start(config, options).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(if matches!(e, corral::broker::StartError::Config(_)) { 2 } else { 1 });
+        }
+    };
+    eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
+    eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
+    eprintln!("Open the UI: http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    let stop_notices = tokio_util::sync::CancellationToken::new();
+    if notify {
+        let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(corral::alerts::run(broker.shared().telemetry.subscribe(), muted, stop_notices.clone()));
+        tracing::info!("desktop notifications on");
+    }
+    super::wait_for_signal().await;
+    stop_notices.cancel();
+    broker.shutdown().await;
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,451 @@
+//! Simulated inference, shared by the Ollama and OpenAI dialects: request checks, faults,
+//! admission, pacing and the generation stream; the dialects only word the answer.
+//!
+//! Admission mirrors Ollama's scheduler: `parallel` requests run at once, up to `max_queue` more
+//! wait, and past that the node answers 503 "server busy". A generation yields its chunks at the
+//! node's pace (time to first token, then one token per interval), honours cut and hang faults,
+//! and counts itself cancelled if the client drops it before the end, as Ollama stops
+//! generating then. Text is deterministic for a seed (`text`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use super::ollama::{self, is_embedding_model};
+use super::openai;
+use super::text::{self, Completion};
+use super::{Pace, Shared};
+
+const BUSY: &str = "server busy, please try again.  maximum pending requests exceeded";
+
+/// Paths that run (simulated) inference and so are subject to faults and admission.
+pub(super) fn is_inference(path: &str) -> bool {
+    matches!(
+        path,
+        "/api/chat"
+            | "/api/generate"
+            | "/api/embed"
+            | "/api/embeddings"
+            | "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Chat,
+    Generate,
+    V1Chat,
+    V1Completion,
+}
+
+impl Kind {
+    fn is_v1(self) -> bool {
+        matches!(self, Kind::V1Chat | Kind::V1Completion)
+    }
+}
+
+/// An error in the request's dialect.
+fn error(v1: bool, status: StatusCode, msg: &str) -> Response {
+    if v1 {
+        openai::error(status, msg)
+    } else {
+        ollama::error(status, msg)
+    }
+}
+
+/// Chat, generate, and their `/v1` twins: check, pass the fault gate, wait for a slot, answer.
+pub(super) async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Response {
+    let (req, model) = match check(&s, kind, &body) {
+        Ok(checked) => checked,
+        Err((status, msg)) => return error(kind.is_v1(), status, &msg),
+    };
+    let pace = match fault_gate(&s, kind.is_v1()).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Some(running) = admit(&s).await else {
+        return error(kind.is_v1(), StatusCode::SERVICE_UNAVAILABLE, BUSY);
+    };
+    let load = s.load(&model);
+    // Ollama's preload: a native request with nothing to answer only loads the model.
+    let nothing_to_say = match kind {
+        Kind::Generate => req.get("prompt").and_then(Value::as_str).is_none_or(str::is_empty),
+        Kind::Chat => req.get("messages").and_then(Value::as_array).is_none_or(|m| m.is_empty()),
+        _ => false,
+    };
+    if nothing_to_say {
+        drop(running);
+        return ollama::preloaded(kind, &model);
+    }
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(!kind.is_v1());
+    let answer = Answer::new(&s, kind, model, &req, load, pace);
+    if !pace.ttft.is_zero() {
+        tokio::time::sleep(pace.ttft).await;
+    }
+    if stream {
+        streamed(s, &answer, running)
+    } else {
+        whole(s, &answer, running).await
+    }
+}
+
+/// The request as JSON and the model it names, or the status and sentence Ollama would answer.
+fn check(s: &Shared, kind: Kind, body: &Bytes) -> Result<(Value, String), (StatusCode, String)> {
+    let req: Value = match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return Err((StatusCode::BAD_REQUEST, "request body must be a JSON object".into())),
+        Err(e) if body.is_empty() => return Err((StatusCode::BAD_REQUEST, format!("missing request body: {e}"))),
+        Err(e) => return Err((StatusCode::BAD_REQUEST, e.to_string())),
+    };
+    let Some(model) = req.get("model").and_then(Value::as_str).map(str::to_string) else {
+        return Err((StatusCode::BAD_REQUEST, "model is required".into()));
+    };
+    if !s.serves(&model) {
+        return Err((StatusCode::NOT_FOUND, format!("model \"{model}\" not found, try pulling it first")));
+    }
+    if is_embedding_model(&model) {
+        let what = if matches!(kind, Kind::Chat | Kind::V1Chat) { "chat" } else { "generate" };
+        return Err((StatusCode::BAD_REQUEST, format!("\"{model}\" does not support {what}")));
+    }
+    Ok((req, model))
+}
+
+/// `"stream": true`: NDJSON lines (native) or SSE events (`/v1`), one per token.
+fn streamed(s: Arc<Shared>, answer: &Answer, running: Running) -> Response {
+    let pace = answer.pace;
+    let chunks = answer.stream_chunks();
+    let content_type = if answer.kind.is_v1() { "text/event-stream" } else { "application/x-ndjson" };
+    let gen = Gen { s, chunks, sent: 0, pace, finished: false, _running: running };
+    let body = Body::from_stream(futures_util::stream::unfold(gen, Gen::next));
+    let mut r = Response::new(body);
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// `"stream": false`: the whole answer after the time all its tokens take.
+async fn whole(s: Arc<Shared>, answer: &Answer, running: Running) -> Response {
+    let pace = answer.pace;
+    if !pace.per_token.is_zero() {
+        tokio::time::sleep(pace.per_token * answer.completion.tokens.len() as u32).await;
+    }
+    let whole = Bytes::from(answer.whole().to_string());
+    let chunks: VecDeque<Chunk> = match pace.cut_after {
+        // A cut in a non-streamed answer breaks the body in the middle.
+        Some(_) => VecDeque::from([Chunk::Raw(whole.slice(..whole.len() / 2)), Chunk::Raw(Bytes::new())]),
+        None => VecDeque::from([Chunk::Raw(whole)]),
+    };
+    let gen = Gen {
+        s,
+        chunks,
+        sent: 0,
+        pace: Pace { per_token: Duration::ZERO, cut_after: pace.cut_after.map(|_| 1), ..pace },
+        finished: false,
+        _running: running,
+    };
+    let mut r = Response::new(Body::from_stream(futures_util::stream::unfold(gen, Gen::next)));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    r
+}
+
+/// One generated answer, before a dialect words it (`ollama.rs`, `openai.rs`).
+pub(super) struct Answer {
+    pub(super) kind: Kind,
+    pub(super) model: String,
+    pub(super) completion: Completion,
+    pub(super) prompt_tokens: usize,
+    pub(super) load: Duration,
+    pub(super) pace: Pace,
+    pub(super) id: usize,
+    pub(super) include_usage: bool,
+}
+
+impl Answer {
+    fn new(s: &Shared, kind: Kind, model: String, req: &Value, load: Duration, pace: Pace) -> Self {
+        let prompt = prompt_text(kind, req);
+        let seed = options_i64(req, "seed", "seed").map(|x| x as u64).unwrap_or_else(|| text::hash(&[&model, &prompt]));
+        let num_predict = options_i64(req, "num_predict", "max_tokens")
+            .or_else(|| options_i64(req, "num_predict", "max_completion_tokens"));
+        let completion = if s.spec.echo {
+            text::Completion { tokens: echo_tokens(&last_user_text(kind, req)), done_reason: "stop" }
+        } else {
+            text::complete(seed, num_predict)
+        };
+        let include_usage =
+            req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
+        let id = s.next_id.fetch_add(1, Ordering::Relaxed);
+        Answer { kind, model, completion, prompt_tokens: text::count_tokens(&prompt), load, pace, id, include_usage }
+    }
+
+    pub(super) fn finish_reason(&self) -> &'static str {
+        self.completion.done_reason
+    }
+
+    /// The whole answer as one JSON (`"stream": false`).
+    fn whole(&self) -> Value {
+        let text: String = self.completion.tokens.concat();
+        match self.kind {
+            Kind::Chat | Kind::Generate => self.native_final(&text),
+            Kind::V1Chat | Kind::V1Completion => self.v1_whole(&text),
+        }
+    }
+
+    /// Every chunk of the streamed answer: NDJSON lines (stamped when sent) or SSE events.
+    fn stream_chunks(&self) -> VecDeque<Chunk> {
+        match self.kind {
+            Kind::Chat | Kind::Generate => self.native_chunks(),
+            Kind::V1Chat | Kind::V1Completion => self.v1_chunks(),
+        }
+    }
+}
+
+/// One piece of a streamed answer.
+pub(super) enum Chunk {
+    /// An NDJSON object whose `created_at` is set when it is sent, as Ollama does.
+    Line(Value),
+    Raw(Bytes),
+}
+
+impl Chunk {
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Chunk::Line(mut v) => {
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("created_at".into(), Value::String(ollama::now()));
+                }
+                Bytes::from(format!("{v}\n"))
+            }
+            Chunk::Raw(b) => b,
+        }
+    }
+}
+
+/// A generation in progress: yields chunks at the node's pace, honours cut and hang faults,
+/// and counts itself cancelled if dropped before the end.
+struct Gen {
+    s: Arc<Shared>,
+    chunks: VecDeque<Chunk>,
+    sent: usize,
+    pace: Pace,
+    finished: bool,
+    _running: Running,
+}
+
+impl Gen {
+    async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Gen)> {
+        if self.finished {
+            return None;
+        }
+        if self.pace.cut_after == Some(self.sent) {
+            // Let the connection flush what was sent before breaking it, so "cut after N"
+            // means N chunks arrive.
+            tokio::task::yield_now().await;
+            self.finished = true;
+            return Some((Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "simulated cut")), self));
+        }
+        if self.pace.hang_after == Some(self.sent) {
+            std::future::pending::<()>().await;
+        }
+        let Some(chunk) = self.chunks.pop_front() else {
+            self.finished = true;
+            self.s.completed.fetch_add(1, Ordering::AcqRel);
+            return None;
+        };
+        // Tokens after the first come at the node's rate; the final chunk follows the last token.
+        // (A zero-length sleep still waits for the timer's next millisecond tick.)
+        if self.sent > 0 && !self.chunks.is_empty() && !self.pace.per_token.is_zero() {
+            tokio::time::sleep(self.pace.per_token).await;
+        }
+        self.sent += 1;
+        if self.sent == 1 {
+            self.s.streaming.fetch_add(1, Ordering::AcqRel);
+        }
+        Some((Ok(chunk.into_bytes()), self))
+    }
+}
+
+impl Drop for Gen {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.s.cancelled.fetch_add(1, Ordering::AcqRel);
+        }
+        if self.sent > 0 {
+            self.s.streaming.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Embeddings for `/api/embed`, `/api/embeddings` and `/v1/embeddings`, through the same
+/// faults and admission as generation.
+pub(super) async fn embed(s: Arc<Shared>, path: &str, body: Bytes) -> Response {
+    let v1 = path.starts_with("/v1");
+    let err = |status: StatusCode, msg: &str| error(v1, status, msg);
+    let req: Value = match serde_json::from_slice(&body) {
+        Ok(v @ Value::Object(_)) => v,
+        Ok(_) => return err(StatusCode::BAD_REQUEST, "request body must be a JSON object"),
+        Err(e) => return err(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let Some(model) = req.get("model").and_then(Value::as_str).map(str::to_string) else {
+        return err(StatusCode::BAD_REQUEST, "model is required");
+    };
+    if !s.serves(&model) {
+        return err(StatusCode::NOT_FOUND, &format!("model \"{model}\" not found, try pulling it first"));
+    }
+    let pace = match fault_gate(&s, v1).await {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Some(_running) = admit(&s).await else {
+        return err(StatusCode::SERVICE_UNAVAILABLE, BUSY);
+    };
+    let load = s.load(&model);
+    if !pace.ttft.is_zero() {
+        tokio::time::sleep(pace.ttft).await;
+    }
+    let inputs: Vec<String> = match req.get(if path == "/api/embeddings" { "prompt" } else { "input" }) {
+        Some(Value::String(t)) => vec![t.clone()],
+        Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+        _ => return err(StatusCode::BAD_REQUEST, "invalid input type"),
+    };
+    let dims = s.spec.embedding_dims;
+    let vectors: Vec<Vec<f32>> = inputs.iter().map(|t| text::embedding(&model, t, dims)).collect();
+    let tokens: usize = inputs.iter().map(|t| text::count_tokens(t)).sum();
+    s.completed.fetch_add(1, Ordering::AcqRel);
+    let body = match path {
+        "/api/embeddings" | "/api/embed" => ollama::embeddings(path, &model, &vectors, load, tokens),
+        _ => openai::embeddings(&model, &vectors, tokens),
+    };
+    axum::Json(body).into_response()
+}
+
+/// The last user message (or the prompt), which an echoing sim answers with.
+fn last_user_text(kind: Kind, req: &Value) -> String {
+    match kind {
+        Kind::Chat | Kind::V1Chat => req
+            .get("messages")
+            .and_then(Value::as_array)
+            .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(Value::as_str) == Some("user")))
+            .map(|m| prompt_text(kind, &json!({ "messages": [m] })))
+            .unwrap_or_default(),
+        Kind::Generate | Kind::V1Completion => req.get("prompt").and_then(Value::as_str).unwrap_or("").to_string(),
+    }
+}
+
+fn echo_tokens(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(3).map(|c| c.iter().collect()).collect()
+}
+
+/// Text of the prompt, for seeding and counting.
+fn prompt_text(kind: Kind, req: &Value) -> String {
+    match kind {
+        Kind::Chat | Kind::V1Chat => req
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(|msgs| {
+                msgs.iter()
+                    .filter_map(|m| match m.get("content") {
+                        Some(Value::String(s)) => Some(s.clone()),
+                        Some(Value::Array(parts)) => Some(
+                            parts
+                                .iter()
+                                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                                .collect::<Vec<_>>()
+                                .join(" "),
+                        ),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default(),
+        Kind::Generate | Kind::V1Completion => {
+            let system = req.get("system").and_then(Value::as_str).unwrap_or("");
+            let prompt = req.get("prompt").and_then(Value::as_str).unwrap_or("");
+            format!("{system}{prompt}")
+        }
+    }
+}
+
+/// Holds a generation slot; counts the request as running while alive.
+struct Running {
+    s: Arc<Shared>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.s.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct Queued(Arc<Shared>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Ollama's scheduler in miniature: `parallel` at once, `max_queue` waiting, then busy.
+async fn admit(s: &Arc<Shared>) -> Option<Running> {
+    let waiting = s.queued.load(Ordering::Acquire) + s.running.load(Ordering::Acquire);
+    if waiting >= s.spec.parallel + s.spec.max_queue {
+        return None;
+    }
+    s.queued.fetch_add(1, Ordering::AcqRel);
+    let q = Queued(Arc::clone(s));
+    let permit = Arc::clone(&s.slots_arc()).acquire_owned().await.ok()?;
+    drop(q);
+    s.running.fetch_add(1, Ordering::AcqRel);
+    Some(Running { s: Arc::clone(s), _permit: permit })
+}
+
+impl Shared {
+    fn slots_arc(&self) -> Arc<tokio::sync::Semaphore> {
+        Arc::clone(&self.slots)
+    }
+
+    /// Mark a model loaded; returns the simulated load time.
+    fn load(&self, model: &str) -> Duration {
+        let name = crate::config::normalize_model(model);
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if loaded.contains(&name) {
+            Duration::from_millis(2)
+        } else {
+            loaded.push(name);
+            Duration::from_millis(850)
+        }
+    }
+}
+
+/// Applies scripted statuses, flapping and hangs; `Some(response)` when a fault answers.
+async fn fault_gate(s: &Shared, v1: bool) -> Result<Pace, Response> {
+    let (status, pace, hang) = {
+        let mut f = s.faults();
+        (f.next_status(), Pace::of(&s.spec, &f), f.hang)
+    };
+    if let Some(code) = status.filter(|c| *c != 200) {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let msg = if code == 503 { BUSY.to_string() } else { format!("simulated failure ({code})") };
+        return Err(error(v1, status, &msg));
+    }
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    Ok(pace)
+}
+
+fn options_i64(req: &Value, native: &str, v1: &str) -> Option<i64> {
+    req.get("options")
+        .and_then(|o| o.get(native))
+        .and_then(Value::as_i64)
+        .or_else(|| req.get(v1).and_then(Value::as_i64))
+}

@@ -1,0 +1,322 @@
+//! The simulated node's Ollama API: `GET /`, `/api/version`, `/api/tags`, `/api/ps`,
+//! `/api/show`, chat and generate, embed and embeddings, and the model operations (pull, copy,
+//! create, delete, push), in Ollama's own wire format.
+//!
+//! Answers are worded as Ollama words them: errors are `{"error": "..."}`, streams are NDJSON
+//! ending in a `done: true` line with durations and counts, timestamps are RFC 3339. The
+//! model catalogue (sizes, digests, details) is derived from the model's name, so it is the
+//! same on every node and every run. Generation itself is in `inference`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, Method, StatusCode};
+use serde_json::{json, Value};
+
+use super::inference::{embed, inference, Answer, Chunk, Kind};
+use super::router::{not_found, Incoming};
+use super::text;
+use super::{Pace, Shared};
+
+/// Ollama's routes, `/api/version` aside (the router answers it before the flap check).
+pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
+    match (call.method.clone(), call.path.as_str()) {
+        (Method::GET | Method::HEAD, "/") => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running").into_response()
+        }
+        (Method::GET, "/api/tags") => {
+            axum::Json(json!({ "models": s.models().iter().map(|m| tag_entry(m)).collect::<Vec<_>>() })).into_response()
+        }
+        (Method::GET, "/api/ps") => ps(&s),
+        (Method::POST, "/api/show") => show(&s, &call.body),
+        (Method::POST, "/api/chat") => inference(s, Kind::Chat, call.body).await,
+        (Method::POST, "/api/generate") => inference(s, Kind::Generate, call.body).await,
+        (Method::POST, "/api/embed" | "/api/embeddings") => embed(s, &call.path, call.body).await,
+        (Method::POST, "/api/pull") => pull(s, &call.body).await,
+        (Method::DELETE, "/api/delete") => delete(&s, call.model),
+        (Method::POST, "/api/copy") => copy(&s, call.json.as_ref()),
+        (Method::POST, "/api/create") => create(&s, call.model),
+        (Method::POST, "/api/push") => push(&s, call.model),
+        _ => not_found(),
+    }
+}
+
+/// The liveness probe: counts probes to drive `flap_every`, and fails when told to.
+pub(super) fn version(s: &Shared) -> Response {
+    let n = s.probes.fetch_add(1, Ordering::AcqRel);
+    let (fail, flap) = {
+        let f = s.faults();
+        (f.fail_probes, f.flap_every)
+    };
+    let down = match flap {
+        Some(k) if k > 0 => (n / k) % 2 == 1,
+        _ => false,
+    };
+    s.flapped_down.store(down, Ordering::Release);
+    if fail || down {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "simulated probe failure");
+    }
+    axum::Json(json!({ "version": s.spec.version })).into_response()
+}
+
+/// Ollama's error body: `{"error": "<sentence>"}`.
+pub(super) fn error(status: StatusCode, msg: &str) -> Response {
+    (status, axum::Json(json!({ "error": msg }))).into_response()
+}
+
+fn digest(model: &str) -> String {
+    let mut r = text::SplitMix::new(text::hash(&[model]));
+    (0..4).map(|_| format!("{:016x}", r.next_u64())).collect()
+}
+
+fn model_size(model: &str) -> u64 {
+    if is_embedding_model(model) {
+        274_302_450
+    } else {
+        2_019_393_189 + (text::hash(&[model]) % 1_000_000)
+    }
+}
+
+pub(super) fn is_embedding_model(model: &str) -> bool {
+    model.contains("embed")
+}
+
+fn details(model: &str) -> Value {
+    let family = if is_embedding_model(model) { "nomic-bert" } else { "llama" };
+    json!({
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family],
+        "parameter_size": if is_embedding_model(model) { "137M" } else { "3.2B" },
+        "quantization_level": if is_embedding_model(model) { "F16" } else { "Q4_K_M" },
+    })
+}
+
+fn tag_entry(model: &str) -> Value {
+    let name = crate::config::normalize_model(model);
+    json!({
+        "name": name,
+        "model": name,
+        "modified_at": "2026-10-01T12:00:00.000000000Z",
+        "size": model_size(model),
+        "digest": digest(&name),
+        "details": details(model),
+    })
+}
+
+fn ps(s: &Shared) -> Response {
+    let loaded = s.loaded.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let expires = time::OffsetDateTime::now_utc() + time::Duration::minutes(5);
+    let models: Vec<Value> = loaded
+        .iter()
+        .map(|m| {
+            let size = model_size(m);
+            json!({
+                "name": m, "model": m, "size": size, "digest": digest(m), "details": details(m),
+                "expires_at": rfc3339(expires), "size_vram": size, "context_length": 4096,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "models": models })).into_response()
+}
+
+fn show(s: &Shared, body: &Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    let Some(model) = v.get("model").or_else(|| v.get("name")).and_then(Value::as_str) else {
+        return error(StatusCode::BAD_REQUEST, "model is required");
+    };
+    if !s.serves(model) {
+        return error(StatusCode::NOT_FOUND, &format!("model '{model}' not found"));
+    }
+    let caps = if is_embedding_model(model) { vec!["embedding"] } else { vec!["completion", "tools"] };
+    axum::Json(json!({
+        "license": "simulated model, no license",
+        "modelfile": format!("# Modelfile generated by corral sim\nFROM {model}\n"),
+        "parameters": "temperature 0.8\nnum_ctx 4096",
+        "template": "{{ .Prompt }}",
+        "details": details(model),
+        "model_info": { "general.architecture": details(model)["family"], "general.parameter_count": 3_212_749_888u64, "llama.context_length": 131_072 },
+        "capabilities": caps,
+        "modified_at": "2026-10-01T12:00:00.000000000Z",
+    }))
+    .into_response()
+}
+
+/// A pull in Ollama's words: manifest, layer progress, verify, write, success. The model is on
+/// the node afterwards. Progress lines come at the node's token pace, so bars move visibly.
+async fn pull(s: Arc<Shared>, body: &Bytes) -> Response {
+    let req = serde_json::from_slice::<Value>(body).ok();
+    let model =
+        req.as_ref().and_then(|v| v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_string));
+    let Some(model) = model else { return error(StatusCode::BAD_REQUEST, "model is required") };
+    let stream = req.as_ref().and_then(|v| v.get("stream")).and_then(Value::as_bool).unwrap_or(true);
+    let pace = {
+        let f = s.faults();
+        Pace::of(&s.spec, &f)
+    };
+    let total = model_size(&model);
+    let d = digest(&model);
+    let mut lines = vec![json!({"status": "pulling manifest"})];
+    for step in 0..=10u64 {
+        lines.push(json!({"status": format!("pulling {}", &d[..12]), "digest": format!("sha256:{d}"), "total": total, "completed": total * step / 10}));
+    }
+    lines.extend([
+        json!({"status": "verifying sha256 digest"}),
+        json!({"status": "writing manifest"}),
+        json!({"status": "success"}),
+    ]);
+    if !stream {
+        tokio::time::sleep(pace.per_token * lines.len() as u32).await;
+        s.add_model(&model);
+        return axum::Json(json!({"status": "success"})).into_response();
+    }
+    let state = (lines.into_iter(), s, model, pace.per_token, true);
+    let body = futures_util::stream::unfold(state, |(mut it, s, model, delay, first)| async move {
+        let line = it.next()?;
+        if !first {
+            tokio::time::sleep(delay).await;
+        }
+        if line["status"] == "success" {
+            s.add_model(&model);
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(format!("{line}\n"))), (it, s, model, delay, false)))
+    });
+    let mut r = Response::new(Body::from_stream(body));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    r
+}
+
+fn delete(s: &Shared, model: Option<String>) -> Response {
+    match model {
+        Some(m) if s.remove_model(&m) => StatusCode::OK.into_response(),
+        Some(m) => error(StatusCode::NOT_FOUND, &format!("model '{m}' not found")),
+        None => error(StatusCode::BAD_REQUEST, "model is required"),
+    }
+}
+
+fn copy(s: &Shared, req: Option<&Value>) -> Response {
+    let field = |k: &str| req.and_then(|v| v.get(k)).and_then(Value::as_str).map(str::to_string);
+    match (field("source"), field("destination")) {
+        (Some(src), Some(dst)) if s.serves(&src) => {
+            s.add_model(&dst);
+            StatusCode::OK.into_response()
+        }
+        (Some(src), Some(_)) => error(StatusCode::NOT_FOUND, &format!("model '{src}' not found")),
+        _ => error(StatusCode::BAD_REQUEST, "source and destination are required"),
+    }
+}
+
+fn create(s: &Shared, model: Option<String>) -> Response {
+    match model {
+        Some(m) => {
+            s.add_model(&m);
+            let lines = [
+                "{\"status\":\"reading model metadata\"}",
+                "{\"status\":\"writing manifest\"}",
+                "{\"status\":\"success\"}",
+            ];
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], lines.join("\n") + "\n").into_response()
+        }
+        None => error(StatusCode::BAD_REQUEST, "model is required"),
+    }
+}
+
+fn push(s: &Shared, model: Option<String>) -> Response {
+    match model {
+        Some(m) if s.serves(&m) => {
+            (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], "{\"status\":\"success\"}\n")
+                .into_response()
+        }
+        Some(m) => error(StatusCode::NOT_FOUND, &format!("model '{m}' not found")),
+        None => error(StatusCode::BAD_REQUEST, "model is required"),
+    }
+}
+
+fn rfc3339(t: time::OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+pub(super) fn now() -> String {
+    rfc3339(time::OffsetDateTime::now_utc())
+}
+
+/// Ollama's preload: a chat or generate with nothing to answer only loads the model.
+pub(super) fn preloaded(kind: Kind, model: &str) -> Response {
+    let mut v = json!({ "model": model, "created_at": now(), "done": true, "done_reason": "load" });
+    v[if kind == Kind::Chat { "message" } else { "response" }] =
+        if kind == Kind::Chat { json!({"role": "assistant", "content": ""}) } else { json!("") };
+    axum::Json(v).into_response()
+}
+
+/// The body of `/api/embed` (many inputs) or the older `/api/embeddings` (one prompt).
+pub(super) fn embeddings(
+    path: &str,
+    model: &str,
+    vectors: &[Vec<f32>],
+    load: std::time::Duration,
+    tokens: usize,
+) -> Value {
+    if path == "/api/embeddings" {
+        return json!({ "embedding": vectors.first().cloned().unwrap_or_default() });
+    }
+    json!({
+        "model": model, "embeddings": vectors,
+        "total_duration": load.as_nanos() as u64 + 1_000_000, "load_duration": load.as_nanos() as u64, "prompt_eval_count": tokens,
+    })
+}
+
+/// An answer in Ollama's words: NDJSON lines, the last one `done: true` with the counts.
+impl Answer {
+    fn stats(&self) -> Value {
+        let n = self.completion.tokens.len() as u64;
+        let eval = (self.pace.per_token * n as u32).as_nanos() as u64 + n * 1_000;
+        let prompt_eval = self.pace.ttft.as_nanos() as u64 + 1_000;
+        let load = self.load.as_nanos() as u64;
+        json!({
+            "total_duration": load + prompt_eval + eval,
+            "load_duration": load,
+            "prompt_eval_count": self.prompt_tokens,
+            "prompt_eval_duration": prompt_eval,
+            "eval_count": n,
+            "eval_duration": eval,
+        })
+    }
+
+    pub(super) fn native_final(&self, content: &str) -> Value {
+        let mut v = match self.kind {
+            Kind::Chat => {
+                json!({ "model": self.model, "created_at": now(), "message": { "role": "assistant", "content": content }, "done_reason": self.finish_reason(), "done": true })
+            }
+            _ => {
+                json!({ "model": self.model, "created_at": now(), "response": content, "done": true, "done_reason": self.finish_reason(), "context": [1, 2, 3] })
+            }
+        };
+        if let (Some(obj), Value::Object(stats)) = (v.as_object_mut(), self.stats()) {
+            obj.extend(stats);
+        }
+        v
+    }
+
+    /// One NDJSON line per token (stamped when sent), then the final line.
+    pub(super) fn native_chunks(&self) -> VecDeque<Chunk> {
+        let mut out: VecDeque<Chunk> = self
+            .completion
+            .tokens
+            .iter()
+            .map(|tok| match self.kind {
+                Kind::Chat => Chunk::Line(json!({ "model": self.model, "created_at": "", "message": { "role": "assistant", "content": tok }, "done": false })),
+                _ => Chunk::Line(json!({ "model": self.model, "created_at": "", "response": tok, "done": false })),
+            })
+            .collect();
+        out.push_back(Chunk::Line(self.native_final("")));
+        out
+    }
+}
