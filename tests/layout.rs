@@ -258,3 +258,39 @@ fn the_dialect_is_decided_only_in_upstream() {
         files_with("NodeKind::Openai", &[]).into_iter().filter(|f| !f.starts_with("upstream/")).collect();
     assert!(hits.is_empty(), "only src/upstream/ may branch on a node's dialect: {hits:?}");
 }
+
+/// The module paths `docs/ARCHITECTURE.md` names, like `src/node.rs` or `src/upstream/`.
+fn documented_modules() -> Vec<String> {
+    let doc = read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"));
+    let layers = doc.split("## One request").next().unwrap_or_default().to_string();
+    let mut out: Vec<String> = layers
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.len() > 4 && s.starts_with("src/") && (s.ends_with(".rs") || s.ends_with('/')))
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn architecture_names_every_module_and_only_real_ones() {
+    let documented = documented_modules();
+    let root = src();
+    let mut actual = Vec::new();
+    for e in std::fs::read_dir(&root).expect("src/").flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if e.path().is_dir() {
+            actual.push(format!("src/{name}/"));
+        } else if name.ends_with(".rs") {
+            actual.push(format!("src/{name}"));
+        }
+    }
+    actual.sort();
+    let missing: Vec<&String> = actual.iter().filter(|m| !documented.contains(m)).collect();
+    let stale: Vec<&String> = documented.iter().filter(|m| !actual.contains(m)).collect();
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md does not place these in a layer: {missing:?}");
+    assert!(stale.is_empty(), "docs/ARCHITECTURE.md names modules that do not exist: {stale:?}");
+}
