@@ -49,6 +49,17 @@ async fn help_describes_the_running_config() {
     assert_eq!(help["queue"]["max_requests"], config.queue.max_requests);
     assert_eq!(help["nodes"].as_array().map(Vec::len), Some(2));
     assert!(help["request_headers"]["X-Corral-Category"].is_string());
+    let restart: Vec<&str> = help["config_reload"]["restart_keys"]
+        .as_array()
+        .expect("restart keys")
+        .iter()
+        .filter_map(|k| k["key"].as_str())
+        .collect();
+    let expected: Vec<&str> = corral::state::RESTART_KEYS.iter().map(|(k, _)| *k).collect();
+    assert_eq!(restart, expected, "/help names exactly the keys that wait for a restart");
+    let endpoints = help["admin"]["endpoints"].as_array().expect("endpoints");
+    assert_eq!(endpoints.len(), corral::admin::ROUTES.len(), "every admin route, from the one table");
+    assert!(endpoints.iter().any(|e| e == "POST /admin/providers/{name}/test"));
     // It follows runtime changes.
     let r = c
         .admin(Method::PUT, "/admin/categories/default")

@@ -123,6 +123,9 @@ fn config_check_reports_every_problem_with_its_line_and_exits_2() {
     let (code, out, _) = run(&["config", "check", good.to_str().unwrap_or_default(), "--verbose"]);
     assert_eq!(code, 0);
     assert!(out.contains("ok") && out.contains("[[categories]]"), "verbose prints the effective config:\n{out}");
+    for (key, _) in corral::state::RESTART_KEYS {
+        assert!(out.contains(&format!("#   {key}: ")), "verbose names {key} as taking effect at restart:\n{out}");
+    }
     let (code, _, err) = run(&["config", "check", "/nonexistent/corral.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("cannot read"), "{err}");

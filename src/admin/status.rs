@@ -116,6 +116,28 @@ pub(super) async fn put_accepting(
 }
 
 /// A self-description for clients (and agents) that have no docs at hand.
+/// The admin part of `/help`, from the one route table.
+fn admin_help(config: &crate::config::Config) -> Value {
+    let (public, protected): (Vec<&super::Route>, Vec<&super::Route>) =
+        super::ROUTES.iter().partition(|r| r.access == super::Access::Public);
+    let line = |r: &&super::Route| format!("{} {}", r.method, r.path);
+    json!({
+        "addr": config.admin.addr,
+        "auth": format!(
+            "Authorization: Bearer <token> on every route but {} (?token= is accepted where headers cannot be set, like EventSource)",
+            public.iter().map(line).collect::<Vec<_>>().join(", ")
+        ),
+        "endpoints": super::ROUTES.iter().map(|r| line(&r)).collect::<Vec<_>>(),
+        "protected": protected.len(),
+        "notes": {
+            "/admin/requests": "?since=&node=&category=&status=&limit=",
+            "/admin/config/import": "?mode=merge|replace&dry_run=true",
+            "/admin/events": "SSE: node_state, request, config_reload, fallback_share",
+            "/admin/charts/{file}": "{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m",
+        },
+    })
+}
+
 pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
     let config = s.shared.config();
     let nodes: Vec<Value> = s
@@ -138,10 +160,11 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
                 "POST /api/push", "POST|HEAD /api/blobs/{digest}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
             ],
         },
-        "admin": {
-            "addr": config.admin.addr,
-            "auth": "Authorization: Bearer <token> on every route but GET /healthz",
-            "endpoints": ["GET /healthz", "GET /help", "GET /metrics", "GET /admin/requests?since=&node=&category=&status=&limit=", "GET /admin/status", "GET|POST /admin/nodes", "GET|PATCH|DELETE /admin/nodes/{name}", "GET|PUT /admin/categories", "GET|PUT|DELETE /admin/categories/{name}", "GET /admin/config/export", "POST /admin/config/import?mode=merge|replace&dry_run=true", "GET /admin/secrets (names, set/missing)", "PUT|DELETE /admin/secrets/{name}", "GET /admin/events (SSE: node_state, request, config_reload, fallback_share)", "GET /admin/charts/{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m"],
+        "admin": admin_help(&config),
+        "config_reload": {
+            "applies": "a config file save, an admin edit or an import applies every key at once, except those below",
+            "restart_keys": crate::state::RESTART_KEYS.iter().map(|(k, why)| json!({ "key": k, "why": why })).collect::<Vec<_>>(),
+            "pending_restart": s.shared.reload.lock().map(|r| r.pending_restart.clone()).unwrap_or_default(),
         },
         "request_headers": {
             "X-Corral-Category": "pick a category by name; unknown names get 400 unknown_category",

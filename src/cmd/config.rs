@@ -49,6 +49,10 @@ pub fn check(file: &Path, verbose: bool) -> ExitCode {
                 if c.categories.len() == 1 { "y" } else { "ies" }
             );
             if verbose {
+                println!("\n# applied at reload: every key but these, which take effect at the next restart:");
+                for (key, why) in corral::state::RESTART_KEYS {
+                    println!("#   {key}: {why}");
+                }
                 println!("\n# effective config, defaults filled in\n{}", c.to_toml());
             }
             ExitCode::SUCCESS

@@ -153,6 +153,8 @@ export interface Queue {
 export interface Reload {
   reloads: number;
   last_error: string | null;
+  /** Keys changed in the config file that take effect only at the next restart. */
+  pending_restart: string[];
 }
 
 export interface Fallback {
