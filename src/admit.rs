@@ -5,7 +5,8 @@
 //! The queue is ordered by category priority (0 first), then origin (`local` before `remote`,
 //! taken from the listener that accepted the socket, never from headers), then arrival (FIFO).
 //! It is bounded by count and by total queued body bytes; past either bound a request is
-//! refused at once with 429. A waiting request leaves the queue when it is placed, when its
+//! refused at once with 429. Requests from remote listeners may hold at most
+//! `queue.remote_share` of either bound, so remote clients can never crowd out the owner's. A waiting request leaves the queue when it is placed, when its
 //! queue timeout passes (503), or when its client goes away. A running request is never
 //! pre-empted: priority only decides who gets the next free slot.
 //!
@@ -50,6 +51,35 @@ struct Waiter {
 struct Queue {
     waiters: BTreeMap<Key, Waiter>,
     bytes: usize,
+    /// What requests from remote listeners hold of the above.
+    remote: usize,
+    remote_bytes: usize,
+}
+
+impl Queue {
+    fn take(&mut self, key: &Key) -> Option<Waiter> {
+        let w = self.waiters.remove(key)?;
+        self.bytes = self.bytes.saturating_sub(w.ticket.body_bytes);
+        if w.ticket.origin == Origin::Remote {
+            self.remote = self.remote.saturating_sub(1);
+            self.remote_bytes = self.remote_bytes.saturating_sub(w.ticket.body_bytes);
+        }
+        Some(w)
+    }
+
+    /// Whether `ticket` fits under the bounds; remote clients only within their share.
+    fn has_room(&self, ticket: &Ticket, limits: &QueueConfig) -> bool {
+        if self.waiters.len() >= limits.max_requests || self.bytes + ticket.body_bytes > limits.max_bytes {
+            return false;
+        }
+        if ticket.origin == Origin::Local {
+            return true;
+        }
+        let share = limits.remote_share.clamp(0.0, 1.0);
+        let (max, max_bytes) =
+            ((limits.max_requests as f64 * share) as usize, (limits.max_bytes as f64 * share) as usize);
+        self.remote < max && self.remote_bytes + ticket.body_bytes <= max_bytes
+    }
 }
 
 enum Placement {
@@ -119,8 +149,7 @@ impl Admission {
             } else {
                 self.candidates(&ticket)?;
             }
-            let limits = self.limits.load();
-            if q.waiters.len() >= limits.max_requests || q.bytes + ticket.body_bytes > limits.max_bytes {
+            if !q.has_room(&ticket, &self.limits.load()) {
                 return Err(BrokerError::QueueFull { depth: q.waiters.len(), bytes: q.bytes });
             }
             let origin = match ticket.origin {
@@ -130,6 +159,10 @@ impl Admission {
             let key = (ticket.priority, origin, self.seq.fetch_add(1, Ordering::Relaxed));
             let (tx, rx) = oneshot::channel();
             q.bytes += ticket.body_bytes;
+            if ticket.origin == Origin::Remote {
+                q.remote += 1;
+                q.remote_bytes += ticket.body_bytes;
+            }
             q.waiters.insert(key, Waiter { ticket, tx });
             (key, rx)
         };
@@ -151,14 +184,7 @@ impl Admission {
     }
 
     fn remove(&self, key: Key) -> bool {
-        let mut q = self.lock();
-        match q.waiters.remove(&key) {
-            Some(w) => {
-                q.bytes = q.bytes.saturating_sub(w.ticket.body_bytes);
-                true
-            }
-            None => false,
-        }
+        self.lock().take(&key).is_some()
     }
 
     /// Place every waiter that fits, in queue order.
@@ -174,8 +200,7 @@ impl Admission {
                     Placement::Placed(g) => Ok(g),
                     Placement::Impossible(e) => Err(e),
                 };
-                if let Some(w) = q.waiters.remove(&key) {
-                    q.bytes = q.bytes.saturating_sub(w.ticket.body_bytes);
+                if let Some(w) = q.take(&key) {
                     if let Err(Ok(guard)) = w.tx.send(result) {
                         undeliverable.push(guard);
                     }

@@ -43,23 +43,6 @@ impl StartError {
     }
 }
 
-/// The keys a listener accepts, read from the keyring once at start: (client name, key).
-/// A key that cannot be read is left out (and said so), so the listener fails closed.
-async fn load_client_keys(l: &crate::config::ListenerConfig) -> Vec<(String, String)> {
-    let mut keys = Vec::new();
-    for name in &l.api_keys {
-        let n = name.clone();
-        match tokio::task::spawn_blocking(move || crate::secrets::get(&n)).await {
-            Ok(Ok(v)) => keys.push((name.clone(), v)),
-            Ok(Err(e)) => {
-                tracing::error!(listener = %l.addr, client = %name, error = %e, "client API key not loaded: that client will be refused")
-            }
-            Err(e) => tracing::error!(listener = %l.addr, client = %name, error = %e, "client API key lookup failed"),
-        }
-    }
-    keys
-}
-
 /// Knobs for tests and the demo that are not part of the config file.
 #[derive(Debug, Clone, Default)]
 pub struct StartOptions {
@@ -130,6 +113,14 @@ impl Broker {
             options.seed,
         ));
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
+        // Client keys: loaded before the first request, then followed in the keyring.
+        shared.client_keys.set(crate::clients::load(shared.client_key_names()).await);
+        let names = Arc::clone(&shared);
+        tracker.spawn(crate::clients::watch(
+            Arc::clone(&shared.client_keys),
+            move || names.client_key_names(),
+            cancel.clone(),
+        ));
         let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
         if let Some(path) = options.config_path {
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
@@ -242,12 +233,7 @@ impl Sockets {
         for (listener, lc) in self.proxies {
             let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
             proxy_addrs.push(addr);
-            let keys = Arc::new(load_client_keys(&lc).await);
-            let app = proxy::router(ProxyState {
-                shared: Arc::clone(shared),
-                listener: Arc::new(lc.clone()),
-                client_keys: keys,
-            });
+            let app = proxy::router(ProxyState { shared: Arc::clone(shared), listener: Arc::new(lc.clone()) });
             let stop = cancel.clone();
             tracker.spawn(async move {
                 tracing::info!(%addr, origin = ?lc.origin, api_keys = lc.api_keys.len(), "proxy listening");

@@ -27,6 +27,10 @@ pub enum BrokerError {
     MalformedJson(String),
     #[error("request body must name a model in the \"model\" field")]
     MissingModel,
+    #[error("invalid model name: {0}")]
+    BadModelName(String),
+    #[error("this listener's clients may not use category \"{category}\"; allowed: {allowed}")]
+    CategoryNotAllowed { category: String, allowed: String },
     #[error("unknown category \"{name}\"; known categories: {known}")]
     UnknownCategory { name: String, known: String },
     #[error("invalid header {name}: {reason}")]
@@ -73,6 +77,8 @@ impl BrokerError {
         match self {
             Self::MalformedJson(_) => "malformed_json",
             Self::MissingModel => "missing_model",
+            Self::BadModelName(_) => "bad_model_name",
+            Self::CategoryNotAllowed { .. } => "category_not_allowed",
             Self::UnknownCategory { .. } => "unknown_category",
             Self::BadHeader { .. } => "bad_header",
             Self::BodyTooLarge { .. } => "body_too_large",
@@ -99,11 +105,13 @@ impl BrokerError {
         match self {
             Self::MalformedJson(_)
             | Self::MissingModel
+            | Self::BadModelName(_)
             | Self::UnknownCategory { .. }
             | Self::BadHeader { .. }
             | Self::BodyRead(_)
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
@@ -224,6 +232,8 @@ mod tests {
         every_variant!(E {
             E::MalformedJson(_) => E::MalformedJson("".into()),
             E::MissingModel => E::MissingModel,
+            E::BadModelName(_) => E::BadModelName("".into()),
+            E::CategoryNotAllowed { .. } => E::CategoryNotAllowed { category: "".into(), allowed: "".into() },
             E::UnknownCategory { .. } => E::UnknownCategory { name: "".into(), known: "".into() },
             E::BadHeader { .. } => E::BadHeader { name: "x", reason: "".into() },
             E::BodyTooLarge { .. } => E::BodyTooLarge { limit: 1 },

@@ -11,6 +11,7 @@ pub mod bench;
 pub mod breaker;
 pub mod broker;
 pub mod charts;
+pub mod clients;
 pub mod cloud;
 pub mod config;
 pub mod error;

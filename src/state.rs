@@ -78,6 +78,8 @@ pub struct Shared {
     pub reload: Arc<Mutex<ReloadStatus>>,
     /// Clients for cloud providers (per connect timeout).
     pub cloud_clients: crate::cloud::Clients,
+    /// Client keys of listeners that name `api_keys`, kept in step with the keyring.
+    pub client_keys: Arc<crate::clients::ClientKeys>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
@@ -128,6 +130,7 @@ impl Shared {
             telemetry,
             reload: Arc::default(),
             cloud_clients: crate::cloud::Clients::default(),
+            client_keys: Arc::default(),
             accepting: AtomicBool::new(true),
             seed,
             rng: Mutex::new(rng),
@@ -137,6 +140,11 @@ impl Shared {
     /// The config in force (a snapshot: it may be replaced at any time).
     pub fn config(&self) -> Arc<Config> {
         self.config.load_full()
+    }
+
+    /// Every client key name a listener accepts.
+    pub fn client_key_names(&self) -> std::collections::BTreeSet<String> {
+        self.config().listeners.iter().flat_map(|l| l.api_keys.iter().cloned()).collect()
     }
 
     /// The probe schedule; changes when a reload changes `[health]`.

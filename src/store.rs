@@ -74,6 +74,8 @@ pub struct RequestRow {
     pub completion_tokens: Option<i64>,
     pub streamed: bool,
     pub interrupted: bool,
+    /// The `X-Request-Id` the client sent, if any (bounded, visible ASCII); never a key.
+    pub client_request_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -225,8 +227,8 @@ impl Store {
 pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
     let mut sql = String::from(
         "SELECT id, started_at, finished_at, endpoint, category, origin, model, node, attempts, fallback, status, \
-         http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, streamed, interrupted \
-         FROM requests WHERE started_at >= ?",
+         http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, streamed, interrupted, \
+         client_request_id FROM requests WHERE started_at >= ?",
     );
     if q.node.is_some() {
         sql += " AND node = ?";
@@ -266,6 +268,7 @@ pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestR
             completion_tokens: r.get("completion_tokens"),
             streamed: r.get::<i64, _>("streamed") != 0,
             interrupted: r.get::<i64, _>("interrupted") != 0,
+            client_request_id: r.get("client_request_id"),
         })
         .collect())
 }
@@ -408,7 +411,7 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
              fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-             streamed, interrupted) ",
+             streamed, interrupted, client_request_id) ",
         );
         q.push_values(chunk, |mut b, row| {
             b.push_bind(&row.id)
@@ -430,7 +433,8 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
                 .push_bind(row.prompt_tokens)
                 .push_bind(row.completion_tokens)
                 .push_bind(row.streamed)
-                .push_bind(row.interrupted);
+                .push_bind(row.interrupted)
+                .push_bind(&row.client_request_id);
         });
         q.push(
             " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
@@ -438,7 +442,8 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
              attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
              http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
              ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
-             completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted",
+             completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
+             client_request_id=excluded.client_request_id",
         );
         q.build().execute(&mut **tx).await?;
     }

@@ -97,6 +97,7 @@ struct Metrics {
     node_state: Family<StateLabels, Gauge>,
     queue_depth: Gauge,
     store_dropped: Gauge,
+    unauthenticated: Counter,
     fallback_share: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
@@ -113,6 +114,12 @@ impl Metrics {
         let node_state = Family::<StateLabels, Gauge>::default();
         let queue_depth = Gauge::default();
         let store_dropped = Gauge::default();
+        let unauthenticated = Counter::default();
+        registry.register(
+            "unauthenticated_rejections",
+            "Requests refused for a missing or wrong client key (recorded one by one only up to a rate)",
+            unauthenticated.clone(),
+        );
         let fallback_share = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "fallback_share",
@@ -145,6 +152,7 @@ impl Metrics {
             node_state,
             queue_depth,
             store_dropped,
+            unauthenticated,
             fallback_share,
         }
     }
@@ -155,6 +163,29 @@ pub struct Telemetry {
     metrics: Metrics,
     store: Option<Store>,
     fallback_share: std::sync::Mutex<crate::cloud::share::Window>,
+    /// Unauthenticated rejections recorded in the current second: (second, count).
+    unauthenticated: std::sync::Mutex<(i64, u32)>,
+}
+
+/// Unauthenticated rejections recorded row by row per second; the rest are only counted.
+const UNAUTHENTICATED_ROWS_PER_SEC: u32 = 10;
+
+/// Longest model name, path or header value kept in a record or log line.
+const RECORD_TEXT_MAX: usize = 256;
+
+/// `text` as it may appear in a record or a log line: control characters escaped (a newline or
+/// an ESC in a model name must not forge a log line or a terminal), at most 256 bytes.
+pub fn for_record(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(RECORD_TEXT_MAX));
+    for c in text.chars() {
+        let piece: String = if c.is_control() { c.escape_default().collect() } else { c.to_string() };
+        if out.len() + piece.len() > RECORD_TEXT_MAX {
+            out.push('…');
+            break;
+        }
+        out.push_str(&piece);
+    }
+    out
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -166,7 +197,26 @@ impl std::fmt::Debug for Telemetry {
 impl Telemetry {
     pub fn new(store: Option<Store>, bus: broadcast::Sender<Event>) -> Self {
         let share = crate::cloud::share::Window::new(crate::config::AlertsConfig::default(), Instant::now());
-        Self { bus, metrics: Metrics::new(), store, fallback_share: std::sync::Mutex::new(share) }
+        Self {
+            bus,
+            metrics: Metrics::new(),
+            store,
+            fallback_share: std::sync::Mutex::new(share),
+            unauthenticated: std::sync::Mutex::new((0, 0)),
+        }
+    }
+
+    /// Count one request refused for its client key; `true` while it may also be recorded
+    /// (at most `UNAUTHENTICATED_ROWS_PER_SEC` a second).
+    pub fn note_unauthenticated(&self) -> bool {
+        self.metrics.unauthenticated.inc();
+        let second = now_ms() / 1000;
+        let mut w = self.unauthenticated.lock().unwrap_or_else(|p| p.into_inner());
+        if w.0 != second {
+            *w = (second, 0);
+        }
+        w.1 += 1;
+        w.1 <= UNAUTHENTICATED_ROWS_PER_SEC
     }
 
     pub fn set_alerts(&self, cfg: crate::config::AlertsConfig) {
@@ -210,6 +260,7 @@ impl Telemetry {
     /// Start tracing a request.
     pub fn begin(self: &Arc<Self>, id: &str, endpoint: &str, origin: &str) -> Trace {
         let started_at = now_ms();
+        let endpoint = &for_record(endpoint);
         if let Some(s) = &self.store {
             s.started(Started { id: id.to_string(), started_at, endpoint: endpoint.to_string() });
         }
@@ -379,6 +430,8 @@ impl Trace {
         self.row.finished_at = Some(now_ms());
         self.row.total_ms = Some(self.elapsed_ms());
         self.row.interrupted = status == "interrupted";
+        self.row.model = for_record(&self.row.model);
+        self.row.category = for_record(&self.row.category);
         self.telemetry.finish(std::mem::take(&mut self.row));
     }
 }
@@ -424,5 +477,13 @@ mod tests {
         let openai = br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}"#;
         assert_eq!(tokens_in_tail(openai), (Some(3), Some(9)));
         assert_eq!(tokens_in_tail(b"nothing here"), (None, None));
+    }
+
+    #[test]
+    fn record_text_is_escaped_and_bounded() {
+        assert_eq!(for_record("llama3.2\n\u{1b}[31mFAKE"), "llama3.2\\n\\u{1b}[31mFAKE");
+        let long = for_record(&"m".repeat(5_000_000));
+        assert!(long.len() <= RECORD_TEXT_MAX + '…'.len_utf8(), "a 5 MB name is cut: {}", long.len());
+        assert_eq!(for_record("qwen2.5:7b"), "qwen2.5:7b", "ordinary names are untouched");
     }
 }

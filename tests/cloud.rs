@@ -325,3 +325,26 @@ async fn an_openai_compatible_node_serves_ollama_clients_with_ollama_answers() {
     assert!(r.json::<Value>().await.expect("json")["error"].as_str().is_some_and(|e| e.contains("robot")));
     assert!(node.received().iter().all(|r| !r.path.starts_with("/api/")), "nothing Ollama-native reached it");
 }
+
+#[tokio::test]
+async fn an_unknown_model_never_becomes_a_paid_cloud_call() {
+    let cloud = cloud_sim(|_| {}).await;
+    let mut p = provider("cloudsim", &cloud);
+    p.model_map.insert("*".into(), "gpt-4o-mini".into());
+    let c = setup(vec![p]).await;
+    c.learn_models().await;
+    // A typo in a cloud-allowed category: no node has it, and the provider only maps it
+    // through its catch-all entry.
+    let r = chat_in(&c, "default", "llama3.3-typo", false).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "model_not_found");
+    assert_eq!(cloud_calls(&cloud), 0, "nothing was sent to the provider with the organisation's key");
+    // A model the provider names explicitly is a deliberate cloud model: it may go there.
+    let mut mapped = provider("cloudsim", &cloud);
+    mapped.model_map.insert("gpt-only".into(), "gpt-4o-mini".into());
+    let c = setup(vec![mapped]).await;
+    c.learn_models().await;
+    let r = chat_in(&c, "default", "gpt-only", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(cloud_calls(&cloud), 1);
+}

@@ -237,5 +237,24 @@ async fn keyring_client_keys_guard_a_remote_listener() {
     assert!(seen.iter().all(|r| r.bearer.is_none()), "the client's key stays with Corral: {seen:?}");
     // The local listener has no keys: it answers as before.
     assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+    // Keys are live: revoking one stops it within a second, adding one starts it, no restart.
     corral::secrets::delete("client-team-a").expect("deleted");
+    let status = |key: &'static str| {
+        let req = c.client.post(&remote).bearer_auth(key).json(&body);
+        async move { req.send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    let started = tokio::time::Instant::now();
+    while status("key-team-a-0d41").await != 401 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(3), "a deleted key still works after 3 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    println!("revoked key refused after {} ms", started.elapsed().as_millis());
+    corral::secrets::set("client-gone", "key-gone-77aa").expect("stored");
+    let started = tokio::time::Instant::now();
+    while status("key-gone-77aa").await != 200 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(3), "an added key is not accepted after 3 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    println!("added key accepted after {} ms", started.elapsed().as_millis());
+    corral::secrets::delete("client-gone").expect("deleted");
 }

@@ -86,6 +86,18 @@ pub fn provider_model<'a>(p: &'a ProviderConfig, model: &'a str) -> &'a str {
         .map_or(bare, String::as_str)
 }
 
+/// Whether one of `category`'s providers maps `model` by name (with or without `:latest`), not
+/// just through its `"*"` entry.
+fn mapped_by_a_provider(config: &Config, category: &CategoryConfig, model: &str) -> bool {
+    let bare = model.strip_suffix(":latest").unwrap_or(model);
+    let tagged = crate::config::model_key(model);
+    config
+        .providers
+        .iter()
+        .filter(|p| category.providers.contains(&p.name))
+        .any(|p| [model, bare, tagged.as_ref()].iter().any(|m| p.model_map.contains_key(*m)))
+}
+
 /// HTTP clients per connect timeout: providers differ in how long a connect may take.
 #[derive(Debug, Default)]
 pub struct Clients(Mutex<HashMap<u64, reqwest::Client>>);
@@ -150,6 +162,11 @@ pub async fn fall_back(
     req: Request<'_>,
     local: BrokerError,
 ) -> Result<Fallback, BrokerError> {
+    // A model no node has goes to the cloud only where a provider names it: a typo must never
+    // turn into a paid call with the organisation's key.
+    if matches!(local, BrokerError::ModelNotFound(_)) && !mapped_by_a_provider(config, req.category, req.model) {
+        return Err(local);
+    }
     if req.category.cloud == CloudPermission::Never || req.category.providers.is_empty() {
         // A model nobody here has is a 404 whatever the category: clearer than "no cloud".
         if config.providers.is_empty() || matches!(local, BrokerError::ModelNotFound(_)) {

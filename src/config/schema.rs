@@ -71,11 +71,21 @@ pub struct ListenerConfig {
     /// holding one client's key, so a client is revoked by deleting its secret.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub api_keys: Vec<String>,
+    /// The categories this listener's clients may use (by header, listener default or model
+    /// rule); empty: all.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub categories: Vec<String>,
 }
 
 impl Default for ListenerConfig {
     fn default() -> Self {
-        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None, api_keys: Vec::new() }
+        Self {
+            addr: DEFAULT_PROXY_ADDR.into(),
+            origin: Origin::Local,
+            category: None,
+            api_keys: Vec::new(),
+            categories: Vec::new(),
+        }
     }
 }
 
@@ -384,11 +394,17 @@ pub struct QueueConfig {
     pub max_requests: usize,
     /// Most request-body bytes waiting at once; past it, 429.
     pub max_bytes: usize,
+    /// Share of both bounds that requests from `remote` listeners may hold, so remote clients
+    /// can never fill the queue against the owner's local ones (0..1).
+    pub remote_share: f64,
+    /// Longest a request from a `remote` listener may wait in the queue, whatever its
+    /// `X-Corral-Queue-Timeout` or category asks.
+    pub remote_max_wait_ms: u64,
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024 }
+        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024, remote_share: 0.5, remote_max_wait_ms: 30_000 }
     }
 }
 

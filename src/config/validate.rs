@@ -120,6 +120,18 @@ fn listeners(c: &Config, out: &mut Found) -> HashSet<SocketAddr> {
             if !c.categories.iter().any(|k| &k.name == cat) {
                 push(out, format!("listeners[{i}].category"), format!("no category named \"{cat}\""));
             }
+            if !l.categories.is_empty() && !l.categories.contains(cat) {
+                push(
+                    out,
+                    format!("listeners[{i}].category"),
+                    format!("\"{cat}\" is not among this listener's categories"),
+                );
+            }
+        }
+        for (j, cat) in l.categories.iter().enumerate() {
+            if !c.categories.iter().any(|k| &k.name == cat) {
+                push(out, format!("listeners[{i}].categories[{j}]"), format!("no category named \"{cat}\""));
+            }
         }
     }
     addrs
@@ -284,6 +296,9 @@ fn alerts(c: &Config, out: &mut Found) {
 fn retry(c: &Config, out: &mut Found) {
     if !(0.0..=1.0).contains(&c.retry.budget_ratio) {
         push(out, "retry.budget_ratio", "must be between 0 and 1");
+    }
+    if !(0.0..=1.0).contains(&c.queue.remote_share) {
+        push(out, "queue.remote_share", "must be between 0 and 1");
     }
     if c.retry.backoff_cap_ms < c.retry.backoff_base_ms {
         push(out, "retry.backoff_cap_ms", "must not be smaller than retry.backoff_base_ms");

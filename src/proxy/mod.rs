@@ -31,9 +31,6 @@ pub use forward::Outbound;
 pub struct ProxyState {
     pub shared: Arc<Shared>,
     pub listener: Arc<ListenerConfig>,
-    /// (client name, key) pairs this listener accepts; checked only when the listener names
-    /// `api_keys`.
-    pub client_keys: Arc<Vec<(String, String)>>,
 }
 
 pub fn router(state: ProxyState) -> axum::Router {
@@ -103,41 +100,102 @@ pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value)
         }
     }
     let model = model.ok_or(BrokerError::MissingModel)?;
+    check_model_name(&model)?;
     Ok((model, stream, value))
 }
 
-/// The client whose key the request carries (`Authorization: Bearer <key>`), compared in
-/// constant time against every key so timing tells nothing about which one almost matched.
-fn client_of<'a>(keys: &'a [(String, String)], headers: &HeaderMap) -> Option<&'a str> {
-    use subtle::ConstantTimeEq;
-    let given = headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim().as_bytes();
-    let mut found = None;
-    for (name, key) in keys {
-        if bool::from(key.as_bytes().ct_eq(given)) {
-            found = Some(name.as_str());
-        }
+/// Longest model name accepted (Ollama's own names are far shorter: host/namespace/model:tag).
+const MODEL_NAME_MAX: usize = 256;
+
+/// A model name fit to route, record and log: bounded, no control characters.
+fn check_model_name(model: &str) -> Result<(), BrokerError> {
+    if model.len() > MODEL_NAME_MAX {
+        return Err(BrokerError::BadModelName(format!("longer than {MODEL_NAME_MAX} bytes ({} bytes)", model.len())));
     }
-    found
+    if model.chars().any(char::is_control) {
+        return Err(BrokerError::BadModelName("it holds control characters".into()));
+    }
+    Ok(())
 }
 
-fn request_id(headers: &HeaderMap) -> String {
+/// The bearer token a request carries (`Authorization: Bearer <key>`).
+fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
+    Some(headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim().as_bytes())
+}
+
+/// Check the client key on a listener that names `api_keys`; the key is for Corral, never for
+/// a node, so it is removed once checked.
+fn authenticate(state: &ProxyState, headers: &mut HeaderMap) -> Result<Option<String>, BrokerError> {
+    if state.listener.api_keys.is_empty() {
+        return Ok(None);
+    }
+    let client = bearer(headers)
+        .and_then(|b| state.shared.client_keys.check(&state.listener.api_keys, b))
+        .ok_or(BrokerError::Unauthorized)?;
+    headers.remove(header::AUTHORIZATION);
+    Ok(Some(client))
+}
+
+/// The client's own `X-Request-Id`, kept only when sane (visible ASCII, at most 128 bytes). It
+/// is echoed and recorded beside Corral's id, never used as one.
+fn client_request_id(headers: &HeaderMap) -> Option<String> {
     headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
-async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
-    let id = request_id(req.headers());
-    // `GET /` and `HEAD /` are clients checking the server is up: not worth a record each.
-    let origin = match state.listener.origin {
+async fn handle(State(state): State<ProxyState>, mut req: Request) -> Response {
+    // Corral's own id keys the record; the client's is echoed beside it.
+    let id = uuid::Uuid::new_v4().to_string();
+    let client_id = client_request_id(req.headers());
+    let (mut response, attempts) = match authenticate(&state, req.headers_mut()) {
+        Ok(client) => {
+            tracing::debug!(request_id = %id, client = client.as_deref().unwrap_or(""), "admitted");
+            traced(&state, req, &id, client_id.clone()).await
+        }
+        // Counted always; recorded only at a bounded rate, so unauthenticated traffic cannot
+        // fill the store.
+        Err(e) if !state.shared.telemetry.note_unauthenticated() => (e.into_response(), None),
+        Err(e) => {
+            let mut trace = state.shared.telemetry.begin(&id, req.uri().path(), origin_name(&state));
+            trace.row.client_request_id = client_id.clone();
+            trace.finish("client_error", Some(e.status().as_u16()), Some(e.code()));
+            (e.into_response(), None)
+        }
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(client_id.as_deref().unwrap_or(&id)) {
+        h.insert("x-request-id", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        h.insert("x-corral-request-id", v);
+    }
+    if let Some(n) = attempts.filter(|&n| n > 0) {
+        h.insert("x-corral-attempts", HeaderValue::from(n));
+    }
+    response
+}
+
+fn origin_name(state: &ProxyState) -> &'static str {
+    match state.listener.origin {
         crate::config::Origin::Local => "local",
         crate::config::Origin::Remote => "remote",
-    };
-    let mut trace = (req.uri().path() != "/").then(|| state.shared.telemetry.begin(&id, req.uri().path(), origin));
-    let (mut response, attempts) = match serve(&state, req, &id, &mut trace).await {
+    }
+}
+
+/// Serve an admitted request with its record.
+async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<String>) -> (Response, Option<u32>) {
+    // `GET /` and `HEAD /` are clients checking the server is up: not worth a record each.
+    let mut trace =
+        (req.uri().path() != "/").then(|| state.shared.telemetry.begin(id, req.uri().path(), origin_name(state)));
+    // Upstreams see the client's id when it sent one, so its trace continues there.
+    let upstream_id = client_id.clone().unwrap_or_else(|| id.to_string());
+    if let Some(t) = trace.as_mut() {
+        t.row.client_request_id = client_id;
+    }
+    let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => {
             if let Some(mut t) = trace.take() {
@@ -152,14 +210,7 @@ async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
         let status = response.status().as_u16();
         t.finish(status_for(status), Some(status), None);
     }
-    let h = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        h.insert("x-request-id", v);
-    }
-    if let Some(n) = attempts.filter(|&n| n > 0) {
-        h.insert("x-corral-attempts", HeaderValue::from(n));
-    }
-    response
+    (response, attempts)
 }
 
 async fn serve(
@@ -170,13 +221,7 @@ async fn serve(
 ) -> Result<Response, (BrokerError, u32)> {
     let shared = &state.shared;
     let config = shared.config();
-    let (mut parts, body) = req.into_parts();
-    if !state.listener.api_keys.is_empty() {
-        let client = client_of(&state.client_keys, &parts.headers).ok_or((BrokerError::Unauthorized, 0))?;
-        tracing::debug!(request_id = %id, client, "client key accepted");
-        // The client's key is for Corral, never for a node.
-        parts.headers.remove(header::AUTHORIZATION);
-    }
+    let (parts, body) = req.into_parts();
     let path = parts.uri.path().to_string();
     let Some(endpoint) = classify(&parts.method, &path) else {
         return Err((BrokerError::UnknownRoute { method: parts.method.to_string(), path }, 0));
@@ -255,7 +300,10 @@ impl Asked {
         let path = parts.uri.path();
         let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
             match path.strip_prefix("/v1/models/") {
-                Some(m) => (Some(m.to_string()), None, None),
+                Some(m) => {
+                    check_model_name(m)?;
+                    (Some(m.to_string()), None, None)
+                }
                 None => model_of(body).map(|(m, s, v)| (Some(m), s, Some(v)))?,
             }
         } else {
@@ -273,7 +321,7 @@ impl Asked {
         if let Some(t) = trace.as_mut() {
             t.row.category = category.clone();
         }
-        let queue_timeout = queue_timeout(config, &category, &parts.headers)?;
+        let queue_timeout = queue_timeout(config, &state.listener, &category, &parts.headers)?;
         let context_warning = match (model.as_deref(), parsed.as_ref(), config.proxy.context_guard) {
             (Some(m), Some(v), true) => context::check(&state.shared, config, path, m, v)?,
             _ => None,
@@ -352,6 +400,19 @@ fn categorize(
     headers: &HeaderMap,
     model: Option<&str>,
 ) -> Result<String, BrokerError> {
+    let chosen = chosen_category(config, listener, headers, model)?;
+    if !listener.categories.is_empty() && !listener.categories.contains(&chosen) {
+        return Err(BrokerError::CategoryNotAllowed { category: chosen, allowed: listener.categories.join(", ") });
+    }
+    Ok(chosen)
+}
+
+fn chosen_category(
+    config: &Config,
+    listener: &ListenerConfig,
+    headers: &HeaderMap,
+    model: Option<&str>,
+) -> Result<String, BrokerError> {
     let known = || config.categories.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     if let Some(v) = headers.get("x-corral-category") {
         let name = v
@@ -377,15 +438,28 @@ fn categorize(
         .unwrap_or_else(|| "default".into()))
 }
 
-fn queue_timeout(config: &Config, category: &str, headers: &HeaderMap) -> Result<Duration, BrokerError> {
-    if let Some(v) = headers.get("x-corral-queue-timeout") {
-        let ms = v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| BrokerError::BadHeader {
-            name: "X-Corral-Queue-Timeout",
-            reason: "must be a whole number of milliseconds".into(),
-        })?;
-        return Ok(Duration::from_millis(ms));
-    }
-    Ok(Duration::from_millis(config.category(category).map(|c| c.queue_timeout_ms).unwrap_or(30_000)))
+/// How long the request may wait for a node: its header, else its category's; a remote
+/// client's wait is capped at `queue.remote_max_wait_ms`.
+fn queue_timeout(
+    config: &Config,
+    listener: &ListenerConfig,
+    category: &str,
+    headers: &HeaderMap,
+) -> Result<Duration, BrokerError> {
+    let asked = match headers.get("x-corral-queue-timeout") {
+        Some(v) => {
+            v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| BrokerError::BadHeader {
+                name: "X-Corral-Queue-Timeout",
+                reason: "must be a whole number of milliseconds".into(),
+            })?
+        }
+        None => config.category(category).map(|c| c.queue_timeout_ms).unwrap_or(30_000),
+    };
+    let ms = match listener.origin {
+        crate::config::Origin::Local => asked,
+        crate::config::Origin::Remote => asked.min(config.queue.remote_max_wait_ms),
+    };
+    Ok(Duration::from_millis(ms))
 }
 
 /// Shell-style match with `*` (any run) and `?` (one character).
@@ -457,26 +531,11 @@ mod tests {
     }
 
     #[test]
-    fn client_keys_name_their_client_and_nothing_else_passes() {
-        let keys = vec![("team-a".to_string(), "key-a".to_string()), ("team-b".to_string(), "key-b".to_string())];
-        let with = |v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert(header::AUTHORIZATION, HeaderValue::from_static(v));
-            h
-        };
-        assert_eq!(client_of(&keys, &with("Bearer key-b")), Some("team-b"));
-        assert_eq!(client_of(&keys, &with("Bearer key-")), None, "a prefix is not a key");
-        assert_eq!(client_of(&keys, &with("key-a")), None, "only bearer tokens");
-        assert_eq!(client_of(&keys, &HeaderMap::new()), None);
-        assert_eq!(client_of(&[], &with("Bearer ")), None, "no keys loaded: nobody passes");
-    }
-
-    #[test]
     fn client_request_ids_are_kept_only_when_sane() {
         let mut h = HeaderMap::new();
         h.insert("x-request-id", HeaderValue::from_static("abc-123"));
-        assert_eq!(request_id(&h), "abc-123");
+        assert_eq!(client_request_id(&h).as_deref(), Some("abc-123"));
         h.insert("x-request-id", HeaderValue::from_static("has space"));
-        assert_ne!(request_id(&h), "has space");
+        assert_eq!(client_request_id(&h), None);
     }
 }
