@@ -30,6 +30,8 @@ pub enum StartError {
     Client(String),
     #[error("{0}; set [store] path to a writable file, or enabled = false")]
     Store(#[from] crate::store::StoreError),
+    #[error("the admin token is too weak ({0}); use at least 32 random characters, or leave CORRAL_ADMIN_TOKEN unset to get one")]
+    WeakToken(&'static str),
 }
 
 impl StartError {
@@ -39,6 +41,7 @@ impl StartError {
             Self::Config(_) => "invalid_config",
             Self::Client(_) => "client_failed",
             Self::Store(e) => e.code(),
+            Self::WeakToken(_) => "weak_admin_token",
         }
     }
 }
@@ -73,6 +76,12 @@ impl std::fmt::Debug for Broker {
 
 impl Broker {
     pub async fn start(config: Config, options: StartOptions) -> Result<Self, StartError> {
+        if let Some(t) = &options.admin_token {
+            check_token(t)?;
+        }
+        for (path, message) in config.warnings() {
+            tracing::warn!(%path, "{message}");
+        }
         let problems = config.validate();
         if !problems.is_empty() {
             return Err(StartError::Config(crate::config::ConfigError {
@@ -266,6 +275,18 @@ async fn open_store(
     tracker.spawn(tasks.retention);
     tracing::info!(path = %store.path().display(), "request store open");
     Ok(Some(store))
+}
+
+/// Refuse an admin token a person could guess: shorter than 32 characters, or with fewer than
+/// 8 different characters (`aaaa...`).
+pub fn check_token(token: &str) -> Result<(), StartError> {
+    if token.chars().count() < 32 {
+        return Err(StartError::WeakToken("shorter than 32 characters"));
+    }
+    if token.chars().collect::<std::collections::BTreeSet<_>>().len() < 8 {
+        return Err(StartError::WeakToken("fewer than 8 different characters"));
+    }
+    Ok(())
 }
 
 /// 32 random bytes, hex: the admin token when none is configured.

@@ -383,3 +383,32 @@ fn config_export_and_import_share_a_setup_without_losing_anything() {
     let back = corral::Config::parse(&exported).expect("an export is a valid config");
     assert_eq!(back, corral::Config::load(&mine).expect("valid"));
 }
+
+#[test]
+fn config_check_warns_about_a_listener_open_to_the_network_without_keys() {
+    let open = temp_file("open", "[[listeners]]\naddr = \"0.0.0.0:11400\"\n");
+    let (code, out, err) = run(&["config", "check", open.to_str().unwrap_or_default()]);
+    assert_eq!(code, 0, "valid, so it passes: {err}");
+    assert!(out.contains("warning: listeners[0].addr") && out.contains("api_keys"), "{out}");
+    let keyed = temp_file("keyed", "[[listeners]]\naddr = \"0.0.0.0:11400\"\napi_keys = [\"client-a\"]\n");
+    let (_, out, _) = run(&["config", "check", keyed.to_str().unwrap_or_default()]);
+    assert!(!out.contains("warning: listeners"), "keys given: no warning\n{out}");
+}
+
+#[test]
+fn a_weak_admin_token_is_refused_at_start() {
+    let cfg = temp_file(
+        "weak",
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\nenabled = false\n",
+    );
+    for weak in ["x", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"] {
+        let out = Command::new(BIN)
+            .args(["serve", "--config", cfg.to_str().unwrap_or_default()])
+            .env("CORRAL_ADMIN_TOKEN", weak)
+            .output()
+            .expect("corral runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "token {weak:?} is refused: {err}");
+        assert!(err.contains("admin token is too weak"), "{err}");
+    }
+}

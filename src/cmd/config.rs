@@ -41,6 +41,9 @@ pub fn check(file: &Path, verbose: bool) -> ExitCode {
             for (name, state) in super::secret::states(&c) {
                 println!("secret {name}: {state}");
             }
+            for (path, message) in c.warnings() {
+                println!("warning: {path}: {message}");
+            }
             println!(
                 "{}: ok ({} node(s), {} categor{})",
                 file.display(),

@@ -39,6 +39,9 @@ pub async fn run(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> E
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
+            if matches!(e, corral::broker::StartError::WeakToken(_)) {
+                return ExitCode::from(2);
+            }
             eprintln!("hint: pick another port with: corral demo --port 11500");
             return ExitCode::from(1);
         }
@@ -61,8 +64,13 @@ fn print_intro(broker: &Broker, sims: &[SimNode], cloud: &SimNode) {
     println!();
     println!("  Ollama API:  {url}");
     println!("  OpenAI API:  {url}/v1");
-    println!("  Admin API:   http://{}  (Authorization: Bearer {})", broker.admin_addr(), broker.admin_token());
-    println!("  UI:          http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    if super::token_from_env() {
+        println!("  Admin API:   http://{}  (Authorization: Bearer $CORRAL_ADMIN_TOKEN)", broker.admin_addr());
+        println!("  UI:          http://{}/ui/  (sign in with CORRAL_ADMIN_TOKEN)", broker.admin_addr());
+    } else {
+        println!("  Admin API:   http://{}  (Authorization: Bearer {})", broker.admin_addr(), broker.admin_token());
+        println!("  UI:          http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    }
     println!();
     println!("Try:");
     println!("  curl {url}/api/tags");

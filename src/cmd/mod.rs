@@ -31,10 +31,16 @@ fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, Exi
 
 /// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.
 fn start_options() -> StartOptions {
-    StartOptions {
-        admin_token: std::env::var("CORRAL_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()),
-        ..StartOptions::default()
-    }
+    StartOptions { admin_token: env_token(), ..StartOptions::default() }
+}
+
+fn env_token() -> Option<String> {
+    std::env::var("CORRAL_ADMIN_TOKEN").ok().filter(|t| !t.is_empty())
+}
+
+/// Whether the admin token is the user's own (so it is not printed).
+fn token_from_env() -> bool {
+    env_token().is_some()
 }
 
 /// Returns on SIGINT (Ctrl-C) or, on Unix, SIGTERM.

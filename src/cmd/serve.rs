@@ -1,5 +1,6 @@
 //! `corral serve`: the broker headless, from a config file (or defaults), until SIGINT/SIGTERM,
-//! then a graceful drain. Prints the proxy URL, the admin URL and the UI login URL on stderr.
+//! then a graceful drain. Prints the proxy URL, the admin URL and the UI login URL on stderr
+//! (with the token only when it was generated for this run).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -22,12 +23,19 @@ pub async fn run(config: Option<&Path>, notify: bool) -> ExitCode {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(if matches!(e, corral::broker::StartError::Config(_)) { 2 } else { 1 });
+            let usage = matches!(e, corral::broker::StartError::Config(_) | corral::broker::StartError::WeakToken(_));
+            return ExitCode::from(if usage { 2 } else { 1 });
         }
     };
     eprintln!("Corral is serving the Ollama API on http://{}", broker.proxy_addr());
-    eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
-    eprintln!("Open the UI: http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    // A token the user chose is theirs to keep: it is not echoed into logs and scrollback.
+    if super::token_from_env() {
+        eprintln!("Admin API on http://{} (token: the one in CORRAL_ADMIN_TOKEN)", broker.admin_addr());
+        eprintln!("Open the UI: http://{}/ui/ and sign in with that token", broker.admin_addr());
+    } else {
+        eprintln!("Admin API on http://{} (token: {})", broker.admin_addr(), broker.admin_token());
+        eprintln!("Open the UI: http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
+    }
     let stop_notices = tokio_util::sync::CancellationToken::new();
     if notify {
         let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -84,6 +84,32 @@ impl Config {
         retry(self, &mut out);
         out
     }
+
+    /// Settings that are valid but risky: `(path, message)` for each, shown by `corral config
+    /// check` and logged at start. A listener on a non-loopback address without client keys
+    /// lets anyone who can reach the host use the cluster.
+    pub fn warnings(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (i, l) in self.listeners.iter().enumerate() {
+            let open = l.addr.parse::<SocketAddr>().is_ok_and(|a| !a.ip().is_loopback());
+            if open && l.api_keys.is_empty() {
+                out.push((
+                    format!("listeners[{i}].addr"),
+                    format!(
+                        "{} is reachable from other machines and names no api_keys: anyone who can reach it can use the cluster; add api_keys = [...]",
+                        l.addr
+                    ),
+                ));
+            }
+        }
+        if self.admin.addr.parse::<SocketAddr>().is_ok_and(|a| !a.ip().is_loopback()) {
+            out.push((
+                "admin.addr".into(),
+                format!("{} exposes the admin API beyond this machine; only its token protects it", self.admin.addr),
+            ));
+        }
+        out
+    }
 }
 
 /// `[[listeners]]`: addresses parse and differ, key names are secret names, categories exist.

@@ -9,7 +9,7 @@ use corral::config::{Config, NodeConfig, Policy};
 use corral::sim::{SimNode, SimSpec};
 use corral::{Broker, StartOptions};
 
-pub const TOKEN: &str = "test-admin-token";
+pub const TOKEN: &str = "test-admin-token-7d2f9a41c0b3e865";
 
 pub struct Cluster {
     pub sims: Vec<SimNode>,

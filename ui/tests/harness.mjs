@@ -8,7 +8,7 @@ import { chromium } from "playwright-core";
 
 const here = new URL(".", import.meta.url).pathname;
 export const BIN = process.env.CORRAL_BIN || resolve(here, "../../target/debug/corral");
-export const TOKEN = "ui-test-token";
+export const TOKEN = "ui-test-token-5be0c3f18a7d2946e1";
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 
 /** A child process whose output is scanned for a line; killed by `stop()`. */
