@@ -49,6 +49,8 @@ pub struct Started {
     pub id: String,
     pub started_at: i64,
     pub endpoint: String,
+    /// The client's `X-Request-Id`, so a request cut short by a crash can still be found by it.
+    pub client_request_id: Option<String>,
 }
 
 /// Everything known when a request ends.
@@ -396,10 +398,14 @@ async fn insert_started(tx: &mut Tx<'_>, started: &[&Started]) -> Result<(), sql
     // Multi-row statements: one round trip to SQLite's thread per few hundred rows.
     for chunk in started.chunks(500) {
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-            "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status) ",
+            "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status, client_request_id) ",
         );
         q.push_values(chunk, |mut b, s| {
-            b.push_bind(&s.id).push_bind(s.started_at).push_bind(&s.endpoint).push_bind("running");
+            b.push_bind(&s.id)
+                .push_bind(s.started_at)
+                .push_bind(&s.endpoint)
+                .push_bind("running")
+                .push_bind(&s.client_request_id);
         });
         q.build().execute(&mut **tx).await?;
     }

@@ -258,11 +258,12 @@ impl Telemetry {
     }
 
     /// Start tracing a request.
-    pub fn begin(self: &Arc<Self>, id: &str, endpoint: &str, origin: &str) -> Trace {
+    pub fn begin(self: &Arc<Self>, id: &str, endpoint: &str, origin: &str, client_id: Option<String>) -> Trace {
         let started_at = now_ms();
         let endpoint = &for_record(endpoint);
         if let Some(s) = &self.store {
-            s.started(Started { id: id.to_string(), started_at, endpoint: endpoint.to_string() });
+            let client_request_id = client_id.clone();
+            s.started(Started { id: id.to_string(), started_at, endpoint: endpoint.to_string(), client_request_id });
         }
         Trace {
             telemetry: Arc::clone(self),
@@ -272,6 +273,7 @@ impl Telemetry {
                 started_at,
                 endpoint: endpoint.to_string(),
                 origin: origin.to_string(),
+                client_request_id: client_id,
                 status: "running".into(),
                 ..RequestRow::default()
             },

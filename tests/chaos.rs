@@ -169,19 +169,13 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
             })
         })
         .collect();
-    // Let the writer flush what it has (it batches within milliseconds), then crash.
-    let pool = corral::store::open_pool(&db, true).await.expect("open read-only");
-    for _ in 0..500 {
-        let rows =
-            corral::store::query_requests(&pool, &corral::store::Query { limit: Some(1000), ..Default::default() })
-                .await
-                .expect("query");
-        if rows.len() >= 30 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // Crash inside the writer's linger: as soon as every stream has its first bytes, with no
+    // wait for the store to flush. Only records sent in the last moments may be lost.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while streaming_on(&client, &urls).await < 10 {
+        assert!(tokio::time::Instant::now() < deadline, "the ten streams never all started on the nodes");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    pool.close().await;
     serve.kill();
     for task in open {
         task.await.expect("client task ends when the broker dies");
@@ -197,13 +191,18 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
     let rows = corral::store::query_requests(&pool, &corral::store::Query { limit: Some(1000), ..Default::default() })
         .await
         .expect("query");
+    let by_client = |id: &str| rows.iter().find(|r| r.client_request_id.as_deref() == Some(id));
     for id in &finished_ids {
-        let row = rows.iter().find(|r| &r.id == id).unwrap_or_else(|| panic!("finished request {id} has its row"));
+        let row = by_client(id).unwrap_or_else(|| panic!("finished request {id} has its row"));
         assert_eq!(row.status, "ok");
     }
-    let crashed: Vec<_> = rows.iter().filter(|r| r.id.starts_with("open-")).collect();
-    assert_eq!(crashed.len(), 10, "every request that was running has a row");
+    let crashed: Vec<_> =
+        rows.iter().filter(|r| r.client_request_id.as_deref().is_some_and(|c| c.starts_with("open-"))).collect();
     assert!(crashed.iter().all(|r| r.status == "unknown"), "running at the crash -> unknown, never ok: {crashed:?}");
+    // The bound: a SIGKILL loses at most what was sent to the writer in its last linger
+    // (5 ms) plus the batch it was writing; here that is at most the ten streams' start
+    // records. Every request that had finished before them is on disk.
+    let lost = 10 - crashed.len();
     report(Figures {
         scenario: "broker SIGKILLed under load, restarted",
         load: "20 finished + 10 streams running, 2 nodes",
@@ -212,8 +211,11 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
         ok: 20,
         failed: 0,
         interrupted: 10,
-        note:
-            "PRAGMA integrity_check = ok; 20/20 finished rows present and ok; 10 running rows now unknown; 0 rows lost",
+        note: &format!(
+            "PRAGMA integrity_check = ok; 20/20 finished rows present and ok; {} running rows now unknown; \
+             {lost} start records lost in the writer's last linger (bound: those sent within 5 ms of the kill)",
+            crashed.len()
+        ),
     });
 }
 
@@ -271,6 +273,18 @@ async fn a_flapping_node_costs_clients_under_one_percent_errors() {
     });
 }
 
+/// Streams the simulated nodes at `urls` are sending right now.
+async fn streaming_on(client: &reqwest::Client, urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let stats = client.get(format!("{url}/_sim/stats")).send().await.ok();
+        if let Some(r) = stats {
+            total += r.json::<Value>().await.ok().and_then(|v| v["streaming"].as_u64()).unwrap_or(0);
+        }
+    }
+    total
+}
+
 /// One scenario's figures, printed as a line for docs/RELIABILITY.md
 /// (`cargo test --test chaos -- --nocapture`).
 struct Figures<'a> {
@@ -285,10 +299,18 @@ struct Figures<'a> {
 }
 
 fn report(f: Figures<'_>) {
-    println!(
+    let line = format!(
         "RELIABILITY | {} | {} | {} | {} | {} | {} | {} | {} |",
         f.scenario, f.load, f.faults, f.sent, f.ok, f.failed, f.interrupted, f.note
     );
+    println!("{line}");
+    // Also kept where CI prints it after the run (scripts/test), since cargo hides the output
+    // of passing tests.
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability-figures.txt");
+    if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        use std::io::Write;
+        let _ = writeln!(file, "{line}");
+    }
 }
 
 async fn post_faults(client: &reqwest::Client, url: &str, faults: Value) {

@@ -87,6 +87,7 @@ async fn rows_left_running_by_a_crash_become_unknown() {
             id: "r1".into(),
             started_at: corral::store::now_ms(),
             endpoint: "/api/chat".into(),
+            client_request_id: None,
         });
         assert!(eventually(Duration::from_secs(5), || std::fs::metadata(&path).is_ok()).await);
         let mut seen = false;

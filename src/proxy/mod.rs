@@ -159,8 +159,7 @@ async fn handle(State(state): State<ProxyState>, mut req: Request) -> Response {
         // fill the store.
         Err(e) if !state.shared.telemetry.note_unauthenticated() => (e.into_response(), None),
         Err(e) => {
-            let mut trace = state.shared.telemetry.begin(&id, req.uri().path(), origin_name(&state));
-            trace.row.client_request_id = client_id.clone();
+            let trace = state.shared.telemetry.begin(&id, req.uri().path(), origin_name(&state), client_id.clone());
             trace.finish("client_error", Some(e.status().as_u16()), Some(e.code()));
             (e.into_response(), None)
         }
@@ -188,13 +187,10 @@ fn origin_name(state: &ProxyState) -> &'static str {
 /// Serve an admitted request with its record.
 async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<String>) -> (Response, Option<u32>) {
     // `GET /` and `HEAD /` are clients checking the server is up: not worth a record each.
-    let mut trace =
-        (req.uri().path() != "/").then(|| state.shared.telemetry.begin(id, req.uri().path(), origin_name(state)));
     // Upstreams see the client's id when it sent one, so its trace continues there.
     let upstream_id = client_id.clone().unwrap_or_else(|| id.to_string());
-    if let Some(t) = trace.as_mut() {
-        t.row.client_request_id = client_id;
-    }
+    let path = req.uri().path().to_string();
+    let mut trace = (path != "/").then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => {
