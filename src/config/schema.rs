@@ -71,11 +71,35 @@ pub struct ListenerConfig {
     /// holding one client's key, so a client is revoked by deleting its secret.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub api_keys: Vec<String>,
+    /// Web origins whose pages may call this listener, in addition to Ollama's own defaults
+    /// (localhost, 127.0.0.1 and 0.0.0.0 on any port, `app://`, `file://`, `tauri://`,
+    /// `vscode-webview://`, browser extensions), like `OLLAMA_ORIGINS`: `https://chat.example`,
+    /// `http://*.lan:3000`, or `*` for any. A request with any other `Origin` gets 403.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
+    /// Whether clients may pull, delete, create, copy and push models and upload blobs. Unset:
+    /// yes on a `local` listener, no on a `remote` one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_ops: Option<bool>,
 }
 
 impl Default for ListenerConfig {
     fn default() -> Self {
-        Self { addr: DEFAULT_PROXY_ADDR.into(), origin: Origin::Local, category: None, api_keys: Vec::new() }
+        Self {
+            addr: DEFAULT_PROXY_ADDR.into(),
+            origin: Origin::Local,
+            category: None,
+            api_keys: Vec::new(),
+            allowed_origins: Vec::new(),
+            model_ops: None,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// Whether this listener's clients may run model operations (an operator's right).
+    pub fn allows_model_ops(&self) -> bool {
+        self.model_ops.unwrap_or(self.origin == Origin::Local)
     }
 }
 
@@ -384,11 +408,14 @@ pub struct QueueConfig {
     pub max_requests: usize,
     /// Most request-body bytes waiting at once; past it, 429.
     pub max_bytes: usize,
+    /// Most model operations (pull, delete, create, copy, push, blob uploads) running at once
+    /// across every listener; more wait for one to end, up to their queue timeout.
+    pub max_model_ops: usize,
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024 }
+        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024, max_model_ops: 4 }
     }
 }
 
