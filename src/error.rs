@@ -21,7 +21,7 @@ pub enum Side {
     Broker,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     #[error("request body is not valid JSON: {0}")]
     MalformedJson(String),
@@ -69,6 +69,23 @@ pub enum BrokerError {
     CloudNotAllowed { category: String, local: String, forwarded: bool },
     #[error("no local node could serve this request ({local}), and every cloud provider failed: {providers}")]
     CloudFailed { local: String, providers: String },
+    /// A loopback listener was asked under a foreign name: a DNS-rebinding web page.
+    #[error("Host {host:?} is not a name of this loopback listener; use localhost or 127.0.0.1")]
+    ForbiddenHost { host: String },
+    /// A web page from an origin the listener does not allow.
+    #[error("requests from the web origin {origin:?} are not allowed here; add it to the listener's allowed_origins")]
+    ForbiddenOrigin { origin: String },
+    /// A JSON endpoint sent a body type a cross-site form can send without asking.
+    #[error("Content-Type {content_type:?} is not accepted here; send application/json")]
+    UnsupportedMediaType { content_type: String },
+    /// Pull, delete, create, copy, push or a blob upload on a listener without `model_ops`.
+    #[error(
+        "model operations ({path}) are not allowed on this listener; an operator can grant them with model_ops = true"
+    )]
+    ModelOpsForbidden { path: String },
+    /// A path with a `.`/`..` segment or an encoded separator: it could leave a node's base path.
+    #[error("the request path has a \".\" or \"..\" segment or an encoded separator; send the plain path")]
+    BadPath,
 }
 
 impl BrokerError {
@@ -98,6 +115,11 @@ impl BrokerError {
             Self::BodyRead(_) => "body_read_failed",
             Self::CloudNotAllowed { .. } => "cloud_not_allowed",
             Self::CloudFailed { .. } => "cloud_failed",
+            Self::ForbiddenHost { .. } => "forbidden_host",
+            Self::ForbiddenOrigin { .. } => "forbidden_origin",
+            Self::UnsupportedMediaType { .. } => "unsupported_media_type",
+            Self::ModelOpsForbidden { .. } => "model_ops_forbidden",
+            Self::BadPath => "bad_path",
         }
     }
 
@@ -109,7 +131,12 @@ impl BrokerError {
             | Self::UnknownCategory { .. }
             | Self::BadHeader { .. }
             | Self::BodyRead(_)
+            | Self::BadPath
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
+            Self::ForbiddenHost { .. } | Self::ForbiddenOrigin { .. } | Self::ModelOpsForbidden { .. } => {
+                StatusCode::FORBIDDEN
+            }
+            Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -253,6 +280,11 @@ mod tests {
             E::BodyRead(_) => E::BodyRead("".into()),
             E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
             E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into() },
+            E::ForbiddenHost { .. } => E::ForbiddenHost { host: "".into() },
+            E::ForbiddenOrigin { .. } => E::ForbiddenOrigin { origin: "".into() },
+            E::UnsupportedMediaType { .. } => E::UnsupportedMediaType { content_type: "".into() },
+            E::ModelOpsForbidden { .. } => E::ModelOpsForbidden { path: "".into() },
+            E::BadPath => E::BadPath,
         })
     }
 

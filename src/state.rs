@@ -13,7 +13,7 @@
 //! Reads are snapshots (`ArcSwap`, `watch`): the request path never waits for a reload.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,6 +80,10 @@ pub struct Shared {
     pub cloud_clients: crate::cloud::Clients,
     /// Client keys of listeners that name `api_keys`, kept in step with the keyring.
     pub client_keys: Arc<crate::clients::ClientKeys>,
+    /// Model operations running now, bounded by `queue.max_model_ops`.
+    pub model_ops: Arc<ModelOps>,
+    /// Merged metadata answers (`/api/tags`, `/api/ps`, `/v1/models`) of the last moment.
+    pub recent: Arc<Recent>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
@@ -131,6 +135,8 @@ impl Shared {
             reload: Arc::default(),
             cloud_clients: crate::cloud::Clients::default(),
             client_keys: Arc::default(),
+            model_ops: Arc::default(),
+            recent: Arc::default(),
             accepting: AtomicBool::new(true),
             seed,
             rng: Mutex::new(rng),
@@ -232,6 +238,96 @@ impl Shared {
         let ceiling = r.backoff_base_ms.saturating_mul(1u64 << retry.min(20)).min(r.backoff_cap_ms);
         let ms = self.rng().gen_range(0..=ceiling);
         Duration::from_millis(ms)
+    }
+}
+
+/// A count of model operations (pull, delete, create, copy, push, blobs) running at once,
+/// held below a limit read at each entry, so a reload of `queue.max_model_ops` applies to the
+/// next operation without resizing anything.
+#[derive(Debug, Default)]
+pub struct ModelOps {
+    running: AtomicUsize,
+    freed: tokio::sync::Notify,
+}
+
+/// One running model operation's place; dropping it lets the next one in.
+#[derive(Debug)]
+pub struct ModelOpSlot(Arc<ModelOps>);
+
+impl ModelOps {
+    /// Wait until fewer than `limit` (at least 1) operations run, then count this one.
+    pub async fn enter(self: &Arc<Self>, limit: usize) -> ModelOpSlot {
+        loop {
+            // Registered before the check, so a slot freed between the check and the wait
+            // still wakes this caller.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let n = self.running.load(Ordering::Acquire);
+            if n < limit.max(1) {
+                if self.running.compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                    return ModelOpSlot(Arc::clone(self));
+                }
+                continue;
+            }
+            freed.await;
+        }
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ModelOpSlot {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+        self.0.freed.notify_waiters();
+    }
+}
+
+/// What asking every node for one metadata path gave: `(node, JSON)` per node that answered.
+pub type Gathered = Result<Arc<Vec<(Arc<crate::node::Node>, serde_json::Value)>>, crate::error::BrokerError>;
+
+/// Metadata answers of the last moment, one per path, fetched once for every caller that asks
+/// while a fetch runs or within `ttl` of its end (single flight): a burst of clients asking
+/// `/api/tags` costs each node one request, not one per client. Errors are kept as long, so a
+/// dead cluster is not asked again by every waiter in turn.
+#[derive(Debug, Default)]
+pub struct Recent {
+    slots: Mutex<HashMap<String, Arc<Flight>>>,
+}
+
+/// One fetch of one path: empty while it runs, then when it ended and what it gave.
+type Flight = tokio::sync::OnceCell<(tokio::time::Instant, Gathered)>;
+
+impl Recent {
+    pub async fn get(&self, path: &str, ttl: Duration, fetch: impl std::future::Future<Output = Gathered>) -> Gathered {
+        let cell = {
+            let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            let fresh = |c: &Flight| c.get().is_none_or(|(done, _)| done.elapsed() < ttl);
+            match slots.get(path) {
+                Some(c) if fresh(c) => Arc::clone(c),
+                _ => {
+                    let c = Arc::new(tokio::sync::OnceCell::new());
+                    slots.insert(path.to_string(), Arc::clone(&c));
+                    c
+                }
+            }
+        };
+        let (_, got) = cell
+            .get_or_init(|| async {
+                let got = fetch.await;
+                (tokio::time::Instant::now(), got)
+            })
+            .await
+            .clone();
+        got
+    }
+
+    /// Forget every answer (a model operation changed what nodes hold).
+    pub fn clear(&self) {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 

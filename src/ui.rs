@@ -2,10 +2,31 @@
 //! the admin listener so a browser against `corral serve` and the desktop window load the same
 //! app. The files hold no data; every call they make to the admin API carries the token, which
 //! the page reads from its URL fragment (`/ui/#token=...`, never sent to a server) or asks for.
+//!
+//! Every page and file goes out with a Content-Security-Policy (scripts, styles, data only from
+//! this origin; no plugins; no framing, `frame-ancestors 'none'` and `X-Frame-Options: DENY`
+//! for older browsers, so no other page can overlay the UI and click for the user),
+//! `X-Content-Type-Options: nosniff` and `Referrer-Policy: no-referrer`. Styles may be inline
+//! (Svelte's `style=` attributes, the charts' SVG); scripts never are.
 
 use axum::extract::Path;
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use http::{header, StatusCode};
+use http::{header, HeaderValue, StatusCode};
+
+/// The UI's Content-Security-Policy.
+pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+img-src 'self' data:; connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; \
+form-action 'self'; frame-ancestors 'none'";
+
+/// `r` with the UI's security headers.
+fn guarded(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    r
+}
 
 mod assets {
     include!(concat!(env!("OUT_DIR"), "/ui_assets.rs"));
@@ -39,31 +60,33 @@ fn content_type(path: &str) -> &'static str {
     }
 }
 
-pub async fn root() -> Redirect {
-    Redirect::temporary("/ui/")
+pub async fn root() -> Response {
+    guarded(Redirect::temporary("/ui/").into_response())
 }
 
 pub async fn index() -> Response {
-    match find("index.html") {
+    guarded(match find("index.html") {
         Some(b) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")], b)
             .into_response(),
         None => Html(NOT_BUILT).into_response(),
-    }
+    })
 }
 
 pub async fn asset(Path(file): Path<String>) -> Response {
     match find(&file) {
         // Vite names assets by content hash: they never change under the same name.
-        Some(b) if file.starts_with("assets/") => (
-            [
-                (header::CONTENT_TYPE, content_type(&file)),
-                (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
-            ],
-            b,
-        )
-            .into_response(),
-        Some(b) => ([(header::CONTENT_TYPE, content_type(&file))], b).into_response(),
+        Some(b) if file.starts_with("assets/") => guarded(
+            (
+                [
+                    (header::CONTENT_TYPE, content_type(&file)),
+                    (header::CACHE_CONTROL, "public, max-age=31536000, immutable"),
+                ],
+                b,
+            )
+                .into_response(),
+        ),
+        Some(b) => guarded(([(header::CONTENT_TYPE, content_type(&file))], b).into_response()),
         None if file.is_empty() || file == "index.html" => index().await,
-        None => (StatusCode::NOT_FOUND, "no such file in the UI").into_response(),
+        None => guarded((StatusCode::NOT_FOUND, "no such file in the UI").into_response()),
     }
 }

@@ -33,6 +33,12 @@ pub enum AdminError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Chart(#[from] ChartError),
+    /// Called under a name that is not the admin listener's own: a DNS-rebinding web page.
+    #[error("Host {0:?} is not a name of the admin listener; use 127.0.0.1, localhost or its bind address")]
+    ForbiddenHost(String),
+    /// Called from a web page of another origin; the token does not change that.
+    #[error("the admin API takes no cross-origin calls (Origin {0:?})")]
+    ForbiddenOrigin(String),
 }
 
 impl AdminError {
@@ -46,6 +52,8 @@ impl AdminError {
             Self::Secret(e) => e.code(),
             Self::Store(e) => e.code(),
             Self::Chart(e) => e.code(),
+            Self::ForbiddenHost(_) => "forbidden_host",
+            Self::ForbiddenOrigin(_) => "forbidden_origin",
         }
     }
 
@@ -59,6 +67,7 @@ impl AdminError {
             Self::Secret(SecretError::BadName(_) | SecretError::Empty) => StatusCode::BAD_REQUEST,
             Self::Secret(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Chart(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ForbiddenHost(_) | Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
         }
     }
 }
@@ -105,6 +114,8 @@ mod tests {
             AdminError::Chart(ChartError::Draw(_)) => AdminError::Chart(ChartError::Draw(String::new())),
             AdminError::Chart(ChartError::Write { .. }) =>
                 AdminError::Chart(ChartError::Write { path: Default::default(), detail: String::new() }),
+            AdminError::ForbiddenHost(_) => AdminError::ForbiddenHost(String::new()),
+            AdminError::ForbiddenOrigin(_) => AdminError::ForbiddenOrigin(String::new()),
         })
     }
 

@@ -1,8 +1,12 @@
 //! The admin listener: JSON API for operators, the CLI and the UI (loopback by default).
 //!
 //! Everything but `GET /healthz` and the UI's static files needs the bearer token
-//! (`Authorization: Bearer <token>`, or `?token=` for clients that cannot set headers, like
-//! `EventSource`), compared in constant time. Changes go draft -> validate -> swap: a node or
+//! (`Authorization: Bearer <token>`, compared in constant time; `?token=` only on the event
+//! stream, `GET /admin/events`, for `EventSource`, which cannot set headers). Before the token,
+//! every request, public ones included, must name the listener by one of its own names
+//! (loopback names or its bind address: a DNS-rebinding page sends its own domain) and carry no
+//! `Origin` but the listener's own (no cross-origin calls, whatever the token), so a web page
+//! can neither read the UI's API nor drive it blind. Changes go draft -> validate -> swap: a node or
 //! category edit is applied to a copy of the running config, the whole copy is validated, and
 //! only then swapped in, so the broker never runs a config that `corral config check` would
 //! refuse. In-flight requests are never dropped by a change: a removed node's requests hold
@@ -129,7 +133,24 @@ pub fn router(state: AdminState) -> Router {
         }
     }
     let protected = protected.route_layer(axum::middleware::from_fn_with_state(state.clone(), require_token));
-    public.merge(protected).with_state(state)
+    public.merge(protected).layer(axum::middleware::from_fn_with_state(state.clone(), own_site_only)).with_state(state)
+}
+
+/// The admin listener answers only under its own names and to its own origin.
+async fn own_site_only(State(state): State<AdminState>, req: Request, next: Next) -> Response {
+    use crate::proxy::browser;
+    let host = browser::host_of(req.headers(), req.uri()).unwrap_or_default();
+    let bind = state.shared.config().admin.addr.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    if !browser::admin_host_allowed(host, bind) {
+        return AdminError::ForbiddenHost(host.chars().take(100).collect()).into_response();
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("\u{fffd}");
+        if !browser::same_origin(origin, host) {
+            return AdminError::ForbiddenOrigin(origin.chars().take(100).collect()).into_response();
+        }
+    }
+    next.run(req).await
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
@@ -139,7 +160,10 @@ async fn require_token(State(state): State<AdminState>, req: Request, next: Next
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string);
-    let from_query = req.uri().query().and_then(|q| {
+    // Only the event stream takes the token in its URL: `EventSource` cannot send headers, and
+    // a URL ends up in logs and history, so nothing that changes state may be opened by one.
+    let stream = req.method() == Method::GET && req.uri().path() == "/admin/events";
+    let from_query = req.uri().query().filter(|_| stream).and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
     });
     let given = from_header.or(from_query).unwrap_or_default();
@@ -247,12 +271,37 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_token_opens_a_protected_route_as_header_or_query() {
+    async fn the_token_opens_a_protected_route_as_header_and_the_event_stream_as_query() {
         let status = ROUTES.iter().find(|r| r.path == "/admin/status").expect("status is routed");
         assert_eq!(send(status, Some(TOKEN)).await.0, StatusCode::OK, "the right token in the header");
         let req = Request::get(format!("/admin/status?token={TOKEN}")).body(Body::empty()).expect("request");
         let r = router(state()).oneshot(req).await.expect("infallible");
-        assert_eq!(r.status(), StatusCode::OK, "the token also works as a query parameter");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "a token in the URL opens only the event stream");
+        let req = Request::put(format!("/admin/accepting?token={TOKEN}")).body(Body::empty()).expect("request");
+        let r = router(state()).oneshot(req).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "never a change");
+        let req = Request::get(format!("/admin/events?token={TOKEN}")).body(Body::empty()).expect("request");
+        let r = router(state()).oneshot(req).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::OK, "EventSource cannot send headers");
+    }
+
+    #[tokio::test]
+    async fn a_foreign_host_or_origin_is_refused_before_the_token() {
+        let ask = |host: &'static str, origin: Option<&'static str>| {
+            let mut req = Request::get("/admin/status").header(header::HOST, host);
+            req = req.header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+            if let Some(o) = origin {
+                req = req.header(header::ORIGIN, o);
+            }
+            router(state()).oneshot(req.body(Body::empty()).expect("request"))
+        };
+        assert_eq!(ask("127.0.0.1:11402", None).await.expect("infallible").status(), StatusCode::OK);
+        let r = ask("evil.example:11402", None).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "a rebinding page's own domain");
+        let r = ask("127.0.0.1:11402", Some("http://127.0.0.1:11402")).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::OK, "the UI's own calls");
+        let r = ask("127.0.0.1:11402", Some("http://localhost:3000")).await.expect("infallible");
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "no cross-origin calls");
     }
 
     #[test]

@@ -75,6 +75,16 @@ pub struct ListenerConfig {
     /// rule); empty: all.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub categories: Vec<String>,
+    /// Web origins whose pages may call this listener, in addition to Ollama's own defaults
+    /// (localhost, 127.0.0.1 and 0.0.0.0 on any port, `app://`, `file://`, `tauri://`,
+    /// `vscode-webview://`, browser extensions), like `OLLAMA_ORIGINS`: `https://chat.example`,
+    /// `http://*.lan:3000`, or `*` for any. A request with any other `Origin` gets 403.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_origins: Vec<String>,
+    /// Whether clients may pull, delete, create, copy and push models and upload blobs. Unset:
+    /// yes on a `local` listener, no on a `remote` one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_ops: Option<bool>,
 }
 
 impl Default for ListenerConfig {
@@ -85,7 +95,16 @@ impl Default for ListenerConfig {
             category: None,
             api_keys: Vec::new(),
             categories: Vec::new(),
+            allowed_origins: Vec::new(),
+            model_ops: None,
         }
+    }
+}
+
+impl ListenerConfig {
+    /// Whether this listener's clients may run model operations (an operator's right).
+    pub fn allows_model_ops(&self) -> bool {
+        self.model_ops.unwrap_or(self.origin == Origin::Local)
     }
 }
 
@@ -400,11 +419,20 @@ pub struct QueueConfig {
     /// Longest a request from a `remote` listener may wait in the queue, whatever its
     /// `X-Corral-Queue-Timeout` or category asks.
     pub remote_max_wait_ms: u64,
+    /// Most model operations (pull, delete, create, copy, push, blob uploads) running at once
+    /// across every listener; more wait for one to end, up to their queue timeout.
+    pub max_model_ops: usize,
 }
 
 impl Default for QueueConfig {
     fn default() -> Self {
-        Self { max_requests: 1024, max_bytes: 256 * 1024 * 1024, remote_share: 0.5, remote_max_wait_ms: 30_000 }
+        Self {
+            max_requests: 1024,
+            max_bytes: 256 * 1024 * 1024,
+            remote_share: 0.5,
+            remote_max_wait_ms: 30_000,
+            max_model_ops: 4,
+        }
     }
 }
 

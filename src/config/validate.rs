@@ -159,8 +159,27 @@ fn listeners(c: &Config, out: &mut Found) -> HashSet<SocketAddr> {
                 push(out, format!("listeners[{i}].categories[{j}]"), format!("no category named \"{cat}\""));
             }
         }
+        for (j, o) in l.allowed_origins.iter().enumerate() {
+            if let Some(why) = bad_origin_pattern(o) {
+                push(out, format!("listeners[{i}].allowed_origins[{j}]"), format!("\"{o}\" {why}"));
+            }
+        }
     }
     addrs
+}
+
+/// Why an `allowed_origins` entry cannot match a browser's `Origin` header, if it cannot.
+fn bad_origin_pattern(o: &str) -> Option<&'static str> {
+    if o == "*" {
+        return None;
+    }
+    match o.split_once("://") {
+        None => Some("is not an origin like https://chat.example or http://localhost:3000 (or * for any)"),
+        Some(("", _)) => Some("has no scheme"),
+        Some((_, rest)) if rest.contains('/') => Some("has a path; an origin is scheme://host[:port] only"),
+        Some(_) if o.chars().any(|c| c.is_whitespace() || c == ',') => Some("has a space or comma; list one per entry"),
+        Some(_) => None,
+    }
 }
 
 /// `[admin]`: the address parses and is not also a proxy listener.
@@ -298,6 +317,7 @@ fn nonzero(c: &Config, out: &mut Found) {
         ("store.channel_capacity", c.store.channel_capacity as u64),
         ("store.retention_interval_ms", c.store.retention_interval_ms),
         ("queue.max_bytes", c.queue.max_bytes as u64),
+        ("queue.max_model_ops", c.queue.max_model_ops as u64),
         ("proxy.default_num_ctx", c.proxy.default_num_ctx),
         ("proxy.header_read_timeout_ms", c.proxy.header_read_timeout_ms),
         ("retry.max_attempts", u64::from(c.retry.max_attempts)),
@@ -516,5 +536,26 @@ mod tests {
             "one check per section, run in this order, each reporting every problem it finds"
         );
         assert_eq!(got[4].1, "127.0.0.1:11400 is also a proxy listener", "admin sees the listeners' addresses");
+    }
+
+    #[test]
+    fn allowed_origins_must_be_origins_and_model_ops_need_a_limit() {
+        let text = "[[listeners]]\naddr = \"127.0.0.1:11400\"\nallowed_origins = [\"*\", \"https://chat.example\", \"http://*.lan:3000\", \"chat.example\", \"https://a.example/path\", \"https://a, https://b\"]\nmodel_ops = true\n\n[queue]\nmax_model_ops = 0\n";
+        let c: Config = toml::from_str(text).expect("the keys parse");
+        assert!(c.listeners[0].allows_model_ops());
+        let got = c.validate();
+        let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "listeners[0].allowed_origins[3]",
+                "listeners[0].allowed_origins[4]",
+                "listeners[0].allowed_origins[5]",
+                "queue.max_model_ops"
+            ],
+            "{got:?}"
+        );
+        let remote = crate::config::ListenerConfig { origin: crate::config::Origin::Remote, ..Default::default() };
+        assert!(!remote.allows_model_ops(), "a remote listener runs no model operations unless it says so");
     }
 }

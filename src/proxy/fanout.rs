@@ -15,11 +15,20 @@ use serde_json::{json, Value};
 
 use crate::error::BrokerError;
 use crate::node::Node;
-use crate::state::Shared;
+use crate::state::{Gathered, Shared};
 use crate::upstream::Upstream;
 
+/// How long a merged metadata answer is reused: a burst of clients costs each node one request.
+const METADATA_TTL: Duration = Duration::from_secs(1);
+
+/// GET `path` from every available node, or the answer fetched for another caller a moment ago
+/// (single flight; see `state::Recent`).
+async fn gather(shared: &Shared, path: &str) -> Gathered {
+    shared.recent.get(path, METADATA_TTL, gather_now(shared, path)).await
+}
+
 /// GET `path` from every available node; `(node, JSON)` for those that answered.
-async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, BrokerError> {
+async fn gather_now(shared: &Shared, path: &str) -> Gathered {
     let nodes: Vec<Arc<Node>> = shared.registry.all().iter().filter(|n| n.is_available()).cloned().collect();
     if nodes.is_empty() {
         return Err(BrokerError::NoHealthyNode { model: String::new() });
@@ -43,7 +52,7 @@ async fn gather(shared: &Shared, path: &str) -> Result<Vec<(Arc<Node>, Value)>, 
     if answers.is_empty() {
         return Err(BrokerError::NoNodeReachable { detail: format!("no node answered {path}") });
     }
-    Ok(answers)
+    Ok(Arc::new(answers))
 }
 
 fn entries(v: &Value, key: &str) -> Vec<Value> {
@@ -56,8 +65,8 @@ fn name_of(entry: &Value) -> String {
 
 pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
-    for (node, v) in gather(shared, "/api/tags").await? {
-        let models = entries(&v, "models");
+    for (node, v) in gather(shared, "/api/tags").await?.iter() {
+        let models = entries(v, "models");
         // A fresh answer is as good as a deep probe: keep the routing table current.
         node.set_models(models.iter().map(name_of).filter(|n| !n.is_empty()));
         for m in models {
@@ -76,8 +85,8 @@ pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
 
 pub(super) async fn ps(shared: &Shared) -> Result<Response, BrokerError> {
     let mut all = Vec::new();
-    for (node, v) in gather(shared, "/api/ps").await? {
-        for mut m in entries(&v, "models") {
+    for (node, v) in gather(shared, "/api/ps").await?.iter() {
+        for mut m in entries(v, "models") {
             if let Some(obj) = m.as_object_mut() {
                 obj.insert("node".into(), Value::String(node.name().to_string()));
             }
@@ -89,8 +98,8 @@ pub(super) async fn ps(shared: &Shared) -> Result<Response, BrokerError> {
 
 pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> {
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
-    for (_, v) in gather(shared, "/v1/models").await? {
-        for m in entries(&v, "data") {
+    for (_, v) in gather(shared, "/v1/models").await?.iter() {
+        for m in entries(v, "data") {
             let id = m.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
             union.entry(id).or_insert(m);
         }
@@ -147,6 +156,10 @@ fn targets(
 /// operations (pull and create, unless `"stream": false`) interleave every node's progress
 /// lines as they come, each tagged with `"node"`, and end with one summary line. Each node's
 /// part runs on the broker's task tracker, so shutdown waits for it within the drain bound.
+///
+/// At most `queue.max_model_ops` operations run at once; more wait up to `wait`, then 503
+/// `queue_timeout`. The client's `Origin` goes to the nodes, so their own Ollama origin check
+/// still sees who asked.
 pub(super) async fn model_op(
     shared: &Shared,
     method: &Method,
@@ -154,29 +167,46 @@ pub(super) async fn model_op(
     headers: &HeaderMap,
     body: Bytes,
     model: Option<&str>,
+    wait: Duration,
 ) -> Result<Response, BrokerError> {
     let nodes = targets(shared, path, headers, model)?;
+    let limit = shared.config().queue.max_model_ops;
+    let waited = tokio::time::Instant::now();
+    let slot = tokio::time::timeout(wait, shared.model_ops.enter(limit))
+        .await
+        .map_err(|_| BrokerError::QueueTimeout { waited_ms: waited.elapsed().as_millis() as u64 })?;
+    let slot = Arc::new(slot);
     let streamed = matches!(path, "/api/pull" | "/api/create")
         && serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("stream").and_then(Value::as_bool))
             != Some(false);
+    let origin = headers.get(http::header::ORIGIN).cloned();
     let (tx, rx) = tokio::sync::mpsc::channel::<(String, NodeEvent)>(64);
     for node in &nodes {
         let (client, node, tx, body, method) =
             (shared.client.clone(), Arc::clone(node), tx.clone(), body.clone(), method.clone());
-        let target = Upstream::node(&node).url(path);
+        let (target, origin, slot, recent) =
+            (Upstream::node(&node).url(path), origin.clone(), Arc::clone(&slot), Arc::clone(&shared.recent));
         shared.tasks.spawn(async move {
             let name = node.name().to_string();
-            let event =
-                match client.request(method, target).header("content-type", "application/json").body(body).send().await
-                {
-                    Err(e) => NodeEvent::Done { status: 502, error: Some(format!("cannot reach node: {e}")) },
-                    Ok(resp) => relay_lines(&name, resp, &tx).await,
-                };
+            let mut request = client.request(method, target).header("content-type", "application/json").body(body);
+            if let Some(o) = origin {
+                request = request.header(http::header::ORIGIN, o);
+            }
+            let event = match request.send().await {
+                // Without the URL: the node's address is not the client's business.
+                Err(e) => {
+                    NodeEvent::Done { status: 502, error: Some(format!("cannot reach node: {}", e.without_url())) }
+                }
+                Ok(resp) => relay_lines(&name, resp, &tx).await,
+            };
             if matches!(event, NodeEvent::Done { error: None, .. }) {
-                // The node's model list changed: learn it now, not at the next deep probe.
+                // The node's model list changed: learn it now, not at the next deep probe, and
+                // let the next `/api/tags` ask again.
                 crate::health::probe_deep(&client, &node, Duration::from_secs(5)).await;
+                recent.clear();
             }
             let _ = tx.send((name, event)).await;
+            drop(slot);
         });
     }
     drop(tx);
@@ -299,7 +329,9 @@ async fn relay_lines(
                     }
                 }
             }
-            Some(Err(e)) => return NodeEvent::Done { status: 502, error: Some(format!("stream broke: {e}")) },
+            Some(Err(e)) => {
+                return NodeEvent::Done { status: 502, error: Some(format!("stream broke: {}", e.without_url())) }
+            }
             None => break,
         }
     }

@@ -5,7 +5,14 @@
 //! serving node and merged (`/api/tags`, `/api/ps`, `/v1/models`), or forwarded to one node
 //! chosen by the category's policy (`forward`). Broker-made errors go through `BrokerError`;
 //! every response carries `X-Request-Id`.
+//!
+//! Before any of that, `gate` screens the request: `Host` and `Origin` (`browser`, Ollama's own
+//! rules), a path that could climb out of a node's base path (400 `bad_path`), the client key,
+//! the right to run model operations (`model_ops`, an operator's right: a `remote` listener
+//! refuses them unless it grants it), and the body type of JSON endpoints (415 for the types a
+//! cross-site form can send).
 
+pub mod browser;
 mod context;
 mod fanout;
 mod forward;
@@ -52,6 +59,13 @@ enum Endpoint {
     V1Models,
     /// Pull, delete, copy, create: sent to the nodes named in `X-Corral-Node`, or all.
     ModelOp,
+}
+
+/// Whether a request changes what the nodes hold (pull, delete, create, copy, push, blobs):
+/// an operator's right, granted per listener by `model_ops`.
+fn is_model_op(method: &Method, path: &str) -> bool {
+    matches!(path, "/api/pull" | "/api/create" | "/api/copy" | "/api/push" | "/api/delete")
+        || (path.starts_with("/api/blobs/") && (method == Method::POST || method == Method::HEAD))
 }
 
 fn classify(method: &Method, path: &str) -> Option<Endpoint> {
@@ -218,10 +232,8 @@ async fn serve(
     let shared = &state.shared;
     let config = shared.config();
     let (parts, body) = req.into_parts();
+    let endpoint = gate(state, &parts).map_err(|e| (e, 0))?;
     let path = parts.uri.path().to_string();
-    let Some(endpoint) = classify(&parts.method, &path) else {
-        return Err((BrokerError::UnknownRoute { method: parts.method.to_string(), path }, 0));
-    };
     if !shared.accepting() && endpoint != Endpoint::Root {
         return Err((BrokerError::Paused, 0));
     }
@@ -236,9 +248,10 @@ async fn serve(
         Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
         Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
         Endpoint::ModelOp => {
-            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, asked.model.as_deref())
+            let model = asked.model.as_deref();
+            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model, asked.queue_timeout)
                 .await
-                .map_err(|e| (e, 0))
+                .map_err(|e| (e, 0));
         }
         _ => {}
     }
@@ -274,6 +287,27 @@ async fn serve(
         response.headers_mut().insert("x-corral-context-warning", w);
     }
     Ok(response)
+}
+
+/// Screen a request before anything is read: `Host` and `Origin`, the path, the client key,
+/// the endpoint, the right to run model operations and the body type. The client's key is
+/// removed from the headers (it is for Corral, never for a node).
+fn gate(state: &ProxyState, parts: &http::request::Parts) -> Result<Endpoint, BrokerError> {
+    browser::screen(&state.listener, &parts.headers, &parts.uri)?;
+    let path = parts.uri.path();
+    if crate::upstream::path_escapes(path) {
+        return Err(BrokerError::BadPath);
+    }
+    let Some(endpoint) = classify(&parts.method, path) else {
+        return Err(BrokerError::UnknownRoute { method: parts.method.to_string(), path: path.to_string() });
+    };
+    if is_model_op(&parts.method, path) && !state.listener.allows_model_ops() {
+        return Err(BrokerError::ModelOpsForbidden { path: path.to_string() });
+    }
+    if parts.method == Method::POST && !path.starts_with("/api/blobs/") {
+        browser::json_body(&parts.headers)?;
+    }
+    Ok(endpoint)
 }
 
 /// What the request asks for, read from its body and headers before anything is sent.
@@ -365,7 +399,8 @@ pub async fn pull(shared: &Shared, model: &str, nodes: &[String]) -> Response {
         }
     }
     let body = axum::body::Bytes::from(serde_json::json!({ "model": model, "stream": true }).to_string());
-    match fanout::model_op(shared, &Method::POST, "/api/pull", &headers, body, Some(model)).await {
+    let wait = Duration::from_millis(shared.config().category("default").map_or(30_000, |c| c.queue_timeout_ms));
+    match fanout::model_op(shared, &Method::POST, "/api/pull", &headers, body, Some(model), wait).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }

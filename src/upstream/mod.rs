@@ -72,6 +72,11 @@ impl<'a> Upstream<'a> {
     /// re-parsing of the host per request. A base path (`http://host/ollama`) is kept as a
     /// prefix. For OpenAI-compatible upstreams a `/v1/...` path is joined so that `/v1`
     /// appears once, whether the base is given with it (`https://api.openai.com/v1`) or not.
+    ///
+    /// The result never leaves the base path: `.` and `..` segments (also percent-encoded,
+    /// which a URL parser resolves just the same) are dropped and a backslash (which it reads
+    /// as `/`) is sent encoded. The proxy refuses such paths before they get here
+    /// ([`path_escapes`]); this is the second lock.
     pub fn url(&self, path_and_query: &str) -> url::Url {
         let mut url = self.base.clone();
         let (path, query) = path_and_query.split_once('?').map_or((path_and_query, None), |(p, q)| (p, Some(q)));
@@ -82,10 +87,29 @@ impl<'a> Upstream<'a> {
             }
             _ => path,
         };
-        url.set_path(&format!("{prefix}{path}"));
+        let path = path.replace('\\', "%5C");
+        let kept: Vec<&str> = path.split('/').filter(|seg| !is_dot_segment(seg)).collect();
+        url.set_path(&format!("{prefix}{}", kept.join("/")));
         url.set_query(query);
         url
     }
+}
+
+/// Whether a path segment is `.` or `..`, also percent-encoded (`%2e`, `.%2E`): a URL parser
+/// resolves all of them.
+fn is_dot_segment(seg: &str) -> bool {
+    let s = seg.to_ascii_lowercase().replace("%2e", ".");
+    s == "." || s == ".."
+}
+
+/// Whether a request path could climb out of the base path it is joined to, or mean something
+/// else to a server behind that decodes it again: a dot segment (raw or percent-encoded), a
+/// backslash, an encoded `/` or `\`, a double-encoded dot or separator, or an encoded NUL.
+pub fn path_escapes(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    lower.contains('\\')
+        || ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"].iter().any(|e| lower.contains(e))
+        || lower.split('/').any(is_dot_segment)
 }
 
 /// An answer's body as it arrives: bytes, or why it broke off.
@@ -296,6 +320,41 @@ impl Upstream<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_that_climb_are_refused_and_plain_ones_pass() {
+        for bad in [
+            "/api/blobs/../../../internal/admin",
+            "/api/blobs/%2e%2e/%2E%2E/x",
+            "/api/blobs/.%2e/x",
+            "/api/./chat",
+            "/api/blobs/..",
+            "/api/blobs/a%2fb",
+            "/api/blobs/a%5Cb",
+            "/api/blobs/..\\x",
+            "/api/blobs/%252e%252e/x",
+        ] {
+            assert!(path_escapes(bad), "{bad} must be refused");
+        }
+        for ok in ["/api/chat", "/api/blobs/sha256:abc", "/v1/models/llama3.2:1b", "/", "/api/blobs/a.b..c"] {
+            assert!(!path_escapes(ok), "{ok} is a plain path");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_node_url_never_leaves_the_base_path(tail in "[a./%2eEfF5cC\\\\?]{0,40}") {
+            let base = url::Url::parse("http://node.example:8080/ollama/").expect("url");
+            for dialect in [Dialect::Ollama, Dialect::Openai] {
+                let u = Upstream { base: &base, dialect }.url(&format!("/{tail}"));
+                proptest::prop_assert!(
+                    u.path() == "/ollama" || u.path().starts_with("/ollama/"),
+                    "/{} became {}", tail, u
+                );
+                proptest::prop_assert_eq!(u.host_str(), Some("node.example"));
+            }
+        }
+    }
 
     fn at(base: &str, dialect: Dialect, path: &str) -> String {
         let base = url::Url::parse(base).expect("url");
