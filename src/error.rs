@@ -67,6 +67,8 @@ pub enum BrokerError {
     BodyRead(String),
     #[error("no local node could serve this request ({local}), and category \"{category}\" does not allow cloud fallback (cloud = \"never\")")]
     CloudNotAllowed { category: String, local: String, forwarded: bool },
+    #[error("no local node could serve this request ({local}), and category \"{category}\" redacts what it sends to the cloud, but the request has {bytes} bytes of text, over its redact_max_bytes of {limit}: it was not sent to any cloud provider")]
+    RedactTooLarge { category: String, bytes: usize, limit: usize, local: String, forwarded: bool },
     #[error("no local node could serve this request ({local}), and every cloud provider failed: {providers}")]
     CloudFailed { local: String, providers: String },
     /// A loopback listener was asked under a foreign name: a DNS-rebinding web page.
@@ -114,6 +116,7 @@ impl BrokerError {
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BodyRead(_) => "body_read_failed",
             Self::CloudNotAllowed { .. } => "cloud_not_allowed",
+            Self::RedactTooLarge { .. } => "redact_too_large",
             Self::CloudFailed { .. } => "cloud_failed",
             Self::ForbiddenHost { .. } => "forbidden_host",
             Self::ForbiddenOrigin { .. } => "forbidden_origin",
@@ -140,7 +143,7 @@ impl BrokerError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyNode { .. }
             | Self::NoNodeReachable { .. }
@@ -168,7 +171,7 @@ impl BrokerError {
     /// Whether any node received the request. `false` promises the request ran nowhere.
     pub fn forwarded(&self) -> bool {
         match self {
-            Self::CloudNotAllowed { forwarded, .. } => *forwarded,
+            Self::CloudNotAllowed { forwarded, .. } | Self::RedactTooLarge { forwarded, .. } => *forwarded,
             // A provider may have started on it before failing.
             Self::CloudFailed { .. } => true,
             _ => matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy),
@@ -279,6 +282,7 @@ mod tests {
             E::UpstreamTimeout { .. } => E::UpstreamTimeout { attempts: 1, detail: "".into() },
             E::BodyRead(_) => E::BodyRead("".into()),
             E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
+            E::RedactTooLarge { .. } => E::RedactTooLarge { category: "".into(), bytes: 2, limit: 1, local: "".into(), forwarded: false },
             E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into() },
             E::ForbiddenHost { .. } => E::ForbiddenHost { host: "".into() },
             E::ForbiddenOrigin { .. } => E::ForbiddenOrigin { origin: "".into() },

@@ -142,9 +142,51 @@ pub fn default_path(config: &StoreConfig) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("corral.db"))
 }
 
-pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, StoreError> {
+/// The store's files, the database and SQLite's `-wal` / `-shm` / `-journal` beside it.
+fn store_files(path: &Path) -> impl Iterator<Item = PathBuf> + '_ {
+    std::iter::once(path.to_path_buf()).chain(["-wal", "-shm", "-journal"].into_iter().map(move |suffix| {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        PathBuf::from(name)
+    }))
+}
+
+/// Make the store the owner's only, whatever the umask: a missing directory is created 0700
+/// (Corral's own data directory is made 0700 even when it exists), the database is created
+/// 0600 before SQLite opens it, and existing files (an older install's 0644 ones) are set
+/// 0600. SQLite creates its `-wal` and `-shm` files with the database's mode, and
+/// [`seal_files`] sets them again once they exist.
+fn prepare_files(path: &Path) -> std::io::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        let _ = std::fs::create_dir_all(dir);
+        crate::config::create_private_dir(dir)?;
+        let own = directories::ProjectDirs::from("dev", "corral", "corral").is_some_and(|d| d.data_dir() == dir);
+        if own {
+            crate::config::make_private(dir)?;
+        }
+    }
+    if !path.exists() {
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        match open.open(path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    seal_files(path)
+}
+
+/// Set 0600 on each of the store's files that exists.
+fn seal_files(path: &Path) -> std::io::Result<()> {
+    store_files(path).filter(|f| f.exists()).try_for_each(|f| crate::config::make_private(&f))
+}
+
+pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, StoreError> {
+    let failed = |e: std::io::Error| StoreError::Open { path: path.display().to_string(), source: sqlx::Error::Io(e) };
+    if !read_only {
+        prepare_files(path).map_err(failed)?;
     }
     let opts = SqliteConnectOptions::new()
         .filename(path)
@@ -153,11 +195,16 @@ pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, Store
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(Duration::from_secs(5));
-    SqlitePoolOptions::new()
+    let pool = SqlitePoolOptions::new()
         .max_connections(4)
         .connect_with(opts)
         .await
-        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })
+        .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
+    if !read_only {
+        // The first connection switched the file to WAL, so `-wal` and `-shm` exist now.
+        seal_files(path).map_err(failed)?;
+    }
+    Ok(pool)
 }
 
 impl Store {

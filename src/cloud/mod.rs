@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::config::{CategoryConfig, CloudPermission, Config, ProviderConfig};
 use crate::error::BrokerError;
-use crate::redact::Redactor;
+use crate::redact::{self, Redactor, Restorer};
 use crate::upstream::openai;
 use crate::upstream::translate::{self, Audience, Native, Reply};
 use crate::upstream::{self, Answer, SendError, Upstream};
@@ -46,6 +46,8 @@ pub enum ProviderError {
     Refused { status: u16, message: String },
     #[error("{0}")]
     Answer(String),
+    #[error("redaction failed ({0})")]
+    Redact(String),
 }
 
 impl ProviderError {
@@ -59,6 +61,7 @@ impl ProviderError {
             Self::Send(_) => "provider_unreachable",
             Self::Refused { .. } => "provider_refused",
             Self::Answer(_) => "provider_answer_broken",
+            Self::Redact(_) => "redaction_failed",
         }
     }
 }
@@ -179,6 +182,16 @@ pub async fn fall_back(
         });
     }
     let parsed: Value = serde_json::from_slice(req.body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
+    let bytes = if req.category.redact { redact::text_bytes(&parsed) } else { 0 };
+    if bytes > req.category.redact_max_bytes {
+        return Err(BrokerError::RedactTooLarge {
+            category: req.category.name.clone(),
+            bytes,
+            limit: req.category.redact_max_bytes,
+            local: local.to_string(),
+            forwarded: local.forwarded(),
+        });
+    }
     let mut failures = Vec::new();
     for name in &req.category.providers {
         let Some(p) = config.providers.iter().find(|p| &p.name == name) else {
@@ -228,14 +241,8 @@ async fn try_provider(
     req: &Request<'_>,
     parsed: &Value,
 ) -> Result<Answer, ProviderError> {
-    let (mut body, stream, path) = provider_request(p, req, parsed)?;
-    let restorer = if req.category.redact {
-        let r = Redactor::redact_request(&mut body);
-        tracing::debug!(request_id = %req.request_id, provider = %p.name, masked = r.masked(), "redacted before sending");
-        Some(r.restorer())
-    } else {
-        None
-    };
+    let (body, stream, path) = provider_request(p, req, parsed)?;
+    let (body, restorer) = if req.category.redact { redacted(body, req, p).await? } else { (body, None) };
     let key = provider_key(p).await?;
     let base = url::Url::parse(&p.base_url)?;
     let client = clients.get(p.connect_timeout_ms)?;
@@ -265,6 +272,25 @@ async fn try_provider(
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, content_type);
     Ok(upstream::first_chunk(StatusCode::OK, headers, body, sent_at, remaining, first_byte).await?)
+}
+
+/// `body` with its PII masked, and the restorer for the answer. The scan is linear but may
+/// cover up to `redact_max_bytes` of text, so it runs off the async workers: the admin API and
+/// other requests keep being served meanwhile.
+async fn redacted(
+    body: Value,
+    req: &Request<'_>,
+    p: &ProviderConfig,
+) -> Result<(Value, Option<Restorer>), ProviderError> {
+    let (body, r) = tokio::task::spawn_blocking(move || {
+        let mut body = body;
+        let r = Redactor::redact_request(&mut body);
+        (body, r)
+    })
+    .await
+    .map_err(|e| ProviderError::Redact(e.to_string()))?;
+    tracing::debug!(request_id = %req.request_id, provider = %p.name, masked = r.masked(), "redacted before sending");
+    Ok((body, Some(r.restorer())))
 }
 
 /// A provider's API key from the keyring (read per use, off the async workers); `None` for a

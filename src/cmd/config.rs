@@ -78,7 +78,7 @@ pub fn export(config: Option<&Path>, out: Option<&Path>) -> ExitCode {
             print!("{text}");
             ExitCode::SUCCESS
         }
-        Some(path) => match std::fs::write(path, text) {
+        Some(path) => match corral::config::write_private(path, &text) {
             Ok(()) => {
                 eprintln!("wrote {}", path.display());
                 ExitCode::SUCCESS
@@ -139,7 +139,7 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
         println!("dry run: {} not changed", target.display());
         return ExitCode::SUCCESS;
     }
-    match write_whole(&target, &corral::config::export_text(&next)) {
+    match corral::config::write_private(&target, &corral::config::export_text(&next)) {
         Ok(()) => {
             println!("wrote {} ({} change(s))", target.display(), changes.len());
             ExitCode::SUCCESS
@@ -149,14 +149,4 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
             ExitCode::from(1)
         }
     }
-}
-
-/// Write next to the target and rename over it, so a crash never leaves half a file.
-fn write_whole(target: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = target.with_extension("toml.tmp");
-    target
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|_| std::fs::write(&tmp, text))
-        .and_then(|_| std::fs::rename(&tmp, target))
 }

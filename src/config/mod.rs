@@ -34,6 +34,61 @@ pub fn default_path() -> Option<std::path::PathBuf> {
     directories::ProjectDirs::from("dev", "corral", "corral").map(|d| d.config_dir().join("corral.toml"))
 }
 
+/// Create `dir` and any missing parents readable by the owner only (0700 on Unix): config and
+/// data directories hold prompts' metadata and the shape of the cluster. A directory that
+/// already exists is left as it is (it may be the user's own, such as the working directory).
+pub fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Make an existing file or directory the owner's only: 0600 for files, 0700 for directories
+/// (Unix; elsewhere nothing to do). Whatever the umask was when it was created.
+pub fn make_private(path: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = if path.is_dir() { 0o700 } else { 0o600 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// Write a config file Corral makes (export, import) whole: the text goes to a sibling created
+/// 0600, then is renamed over `target`, so a crash never leaves half a file and no other user
+/// can read it at any point. Missing directories are created 0700.
+pub fn write_private(target: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = target.parent() {
+        create_private_dir(dir)?;
+        // Corral's own config directory is made private even when it already exists.
+        if default_path().as_deref().and_then(std::path::Path::parent) == Some(dir) {
+            make_private(dir)?;
+        }
+    }
+    let mut name = target.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    let tmp = target.with_file_name(name);
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    let mut file = open.open(&tmp)?;
+    // An old temp file keeps its mode through `open`: set it.
+    make_private(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, target)
+}
+
 impl Config {
     /// Parse and validate a config text, reporting every problem with its line.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {

@@ -207,6 +207,10 @@ pub struct CategoryConfig {
     pub cloud: CloudPermission,
     pub providers: Vec<String>,
     pub redact: bool,
+    /// With `redact`: the most text (bytes, summed over every string scanned) one request may
+    /// have redacted on its way to a provider; above it the request gets 413
+    /// `redact_too_large` instead of leaving.
+    pub redact_max_bytes: usize,
     pub models: Vec<String>,
     /// Prefer nodes that have the model loaded entirely in VRAM (`/api/ps`).
     pub affinity: bool,
@@ -225,6 +229,7 @@ impl Default for CategoryConfig {
             cloud: CloudPermission::Never,
             providers: Vec::new(),
             redact: false,
+            redact_max_bytes: 1024 * 1024,
             models: Vec::new(),
             affinity: true,
             order: Vec::new(),

@@ -289,6 +289,8 @@ pub struct Reply {
     restore: Option<Restorer>,
     /// Extra restorers for `/v1` answers with several choices.
     restore_by_choice: HashMap<u64, Restorer>,
+    /// Restorers for streamed `/v1` tool-call arguments, by (choice, call index).
+    restore_calls: BTreeMap<(u64, u64), Restorer>,
     sse: Vec<u8>,
     usage: Usage,
     deltas: u64,
@@ -321,6 +323,7 @@ impl Reply {
             first_token_at: None,
             restore,
             restore_by_choice: HashMap::new(),
+            restore_calls: BTreeMap::new(),
             sse: Vec::new(),
             usage: Usage::default(),
             deltas: 0,
@@ -392,7 +395,7 @@ impl Reply {
                             let f = c.get("function");
                             let name = f.and_then(|f| f.get("name")).and_then(Value::as_str).unwrap_or("");
                             let args = f.and_then(|f| f.get("arguments")).and_then(Value::as_str).unwrap_or("{}");
-                            ollama_call(name, args)
+                            ollama_call(name, &restored(self.restore.as_ref(), args))
                         })
                         .collect::<Vec<_>>()
                 });
@@ -538,6 +541,7 @@ impl Reply {
                                 *s = text;
                             }
                         }
+                        self.restore_streamed_calls(idx, c, finishing);
                     }
                 }
                 out.extend_from_slice(format!("data: {v}\n\n").as_bytes());
@@ -575,6 +579,38 @@ impl Reply {
         }
     }
 
+    /// Placeholders in streamed `/v1` tool-call arguments, put back like the content's: a
+    /// fragment's tail that could still grow into one waits for the next, and what waits when
+    /// the choice finishes goes out as one more argument fragment of that call.
+    fn restore_streamed_calls(&mut self, choice: u64, c: &mut Value, finishing: bool) {
+        let Some(base) = &self.restore else { return };
+        if let Some(calls) = c.get_mut("delta").and_then(|d| d.get_mut("tool_calls")).and_then(Value::as_array_mut) {
+            for call in calls {
+                let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                if let Some(Value::String(a)) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) {
+                    *a = self.restore_calls.entry((choice, index)).or_insert_with(|| base.fresh()).push(a);
+                }
+            }
+        }
+        if !finishing {
+            return;
+        }
+        let mut tails = Vec::new();
+        for ((ch, index), r) in self.restore_calls.iter_mut().filter(|((ch, _), _)| *ch == choice) {
+            let tail = r.finish();
+            if !tail.is_empty() {
+                tails.push((*ch, *index, tail));
+            }
+        }
+        for (_, index, tail) in tails {
+            let fragment = json!({ "index": index, "function": { "arguments": tail } });
+            match c["delta"]["tool_calls"].as_array_mut() {
+                Some(calls) => calls.push(fragment),
+                None => c["delta"]["tool_calls"] = json!([fragment]),
+            }
+        }
+    }
+
     fn end_stream(&mut self, out: &mut Vec<u8>) {
         if self.finished {
             return;
@@ -588,7 +624,9 @@ impl Reply {
                     push_line(out, &self.chunk(api, &rest));
                 }
                 if !self.calls.is_empty() {
-                    let calls: Vec<Value> = self.calls.values().map(|c| ollama_call(&c.name, &c.arguments)).collect();
+                    let restore = self.restore.as_ref();
+                    let calls: Vec<Value> =
+                        self.calls.values().map(|c| ollama_call(&c.name, &restored(restore, &c.arguments))).collect();
                     let mut line = self.chunk(api, "");
                     line["message"]["tool_calls"] = Value::Array(calls);
                     push_line(out, &line);
@@ -607,6 +645,11 @@ fn ollama_call(name: &str, args: &str) -> Value {
     json!({ "function": { "name": name, "arguments": arguments } })
 }
 
+/// `text` with placeholders put back, when the request was redacted.
+fn restored(restore: Option<&Restorer>, text: &str) -> String {
+    restore.map_or_else(|| text.to_string(), |r| r.restore_all(text))
+}
+
 fn restore_in(choice: &mut Value, key: &str, restore: Option<&Restorer>) {
     let Some(r) = restore else { return };
     match choice.get_mut(key) {
@@ -614,6 +657,17 @@ fn restore_in(choice: &mut Value, key: &str, restore: Option<&Restorer>) {
         Some(Value::Object(m)) => {
             if let Some(Value::String(s)) = m.get_mut("content") {
                 *s = r.restore_all(s);
+            }
+            let restore_args = |f: &mut Value| {
+                if let Some(Value::String(a)) = f.get_mut("arguments") {
+                    *a = r.restore_all(a);
+                }
+            };
+            if let Some(calls) = m.get_mut("tool_calls").and_then(Value::as_array_mut) {
+                calls.iter_mut().filter_map(|c| c.get_mut("function")).for_each(restore_args);
+            }
+            if let Some(f) = m.get_mut("function_call") {
+                restore_args(f);
             }
         }
         _ => {}
@@ -803,6 +857,61 @@ mod tests {
         let got = lines(&r.feed(wire.as_bytes()).expect("feeds"));
         let call = got.iter().find_map(|l| l["message"]["tool_calls"].get(0).cloned()).expect("a tool call line");
         assert_eq!(call["function"], json!({"name": "weather", "arguments": {"city": "Oslo"}}));
+    }
+
+    fn restorer_for(text: &str) -> (String, Restorer) {
+        let mut r = crate::redact::Redactor::new([text]);
+        let masked = r.redact(text);
+        (masked, r.restorer())
+    }
+
+    #[test]
+    fn tool_call_arguments_get_their_placeholders_restored_whole() {
+        let (masked, r) = restorer_for("li.wei@example.com");
+        assert_eq!(masked, "[EMAIL_1]");
+        let answer = json!({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "mail", "arguments": "{\"to\":\"[EMAIL_1]\"}"}}]}}]});
+        let body = answer.to_string();
+        let mut native = Reply::native(Native::Chat, "m", Instant::now(), Some(r.fresh()));
+        let out: Value = serde_json::from_slice(&native.whole(body.as_bytes()).expect("translates")).expect("json");
+        assert_eq!(out["message"]["tool_calls"][0]["function"]["arguments"]["to"], "li.wei@example.com");
+        let mut v1 = Reply::passthrough("m", Instant::now(), r);
+        let out: Value = serde_json::from_slice(&v1.whole(body.as_bytes()).expect("relays")).expect("json");
+        assert_eq!(
+            out["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"to\":\"li.wei@example.com\"}"
+        );
+    }
+
+    #[test]
+    fn streamed_tool_call_arguments_split_inside_a_placeholder_are_restored() {
+        let (_, r) = restorer_for("li.wei@example.com");
+        let events = [
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"mail\",\"arguments\":\"{\\\"to\\\":\\\"[EMA\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"IL_1]\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        for (shape, mut reply) in [
+            ("native", Reply::native(Native::Chat, "m", Instant::now(), Some(r.fresh()))),
+            ("v1", Reply::passthrough("m", Instant::now(), r.fresh())),
+        ] {
+            let mut out = Vec::new();
+            for e in events {
+                out.extend_from_slice(&reply.feed(e.as_bytes()).expect("translates"));
+            }
+            let text = String::from_utf8(out).expect("utf-8");
+            let args: String = if shape == "native" {
+                let call = lines(text.as_bytes()).into_iter().find_map(|l| l["message"]["tool_calls"].get(0).cloned());
+                call.expect("a tool call line")["function"]["arguments"].to_string()
+            } else {
+                text.split("\n\n")
+                    .filter_map(|e| e.strip_prefix("data: ").and_then(|d| serde_json::from_str::<Value>(d).ok()))
+                    .flat_map(|v| v["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default())
+                    .filter_map(|c| c["function"]["arguments"].as_str().map(str::to_string))
+                    .collect()
+            };
+            assert!(args.contains("li.wei@example.com") && !args.contains("EMA"), "{shape}: {args}");
+        }
     }
 
     #[test]
