@@ -237,7 +237,7 @@ impl Sockets {
         tracker: &TaskTracker,
         cancel: &CancellationToken,
     ) -> Result<(Vec<SocketAddr>, SocketAddr), StartError> {
-        let header_timeout = std::time::Duration::from_millis(shared.config().proxy.header_read_timeout_ms);
+        let (proxy_limits, admin_limits) = limits(&shared.config(), self.proxies.len());
         let mut proxy_addrs = Vec::new();
         for (listener, lc) in self.proxies {
             let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
@@ -245,8 +245,14 @@ impl Sockets {
             let app = proxy::router(ProxyState { shared: Arc::clone(shared), listener: Arc::new(lc.clone()) });
             let stop = cancel.clone();
             tracker.spawn(async move {
-                tracing::info!(%addr, origin = ?lc.origin, api_keys = lc.api_keys.len(), "proxy listening");
-                crate::server::serve(listener, app, header_timeout, stop).await;
+                tracing::info!(
+                    %addr,
+                    origin = ?lc.origin,
+                    api_keys = lc.api_keys.len(),
+                    max_connections = proxy_limits.max_connections,
+                    "proxy listening"
+                );
+                crate::server::serve(listener, app, proxy_limits, stop).await;
             });
         }
         let admin_app = crate::admin::router(crate::admin::AdminState {
@@ -256,10 +262,49 @@ impl Sockets {
         let (stop, admin_addr, admin) = (cancel.clone(), self.admin_addr, self.admin);
         tracker.spawn(async move {
             tracing::info!(addr = %admin_addr, "admin API listening");
-            crate::server::serve(admin, admin_app, header_timeout, stop).await;
+            crate::server::serve(admin, admin_app, admin_limits, stop).await;
         });
         Ok((proxy_addrs, admin_addr))
     }
+}
+
+/// Open file descriptors kept for everything but client connections: the store, node and
+/// provider connections of the probes, the config watcher.
+const FD_RESERVE: usize = 256;
+
+/// Each listener's connection limits. The admin listener keeps its own budget; the proxy
+/// listeners share what is left of the open-file limit, halved because a proxied request holds
+/// a node connection too, so a proxy flood runs into its cap before the process runs out of
+/// descriptors (which would make every listener unreachable).
+fn limits(config: &Config, proxies: usize) -> (crate::server::Limits, crate::server::Limits) {
+    let head_timeout = std::time::Duration::from_millis(config.proxy.header_read_timeout_ms);
+    let keep_alive_timeout = std::time::Duration::from_millis(config.proxy.keep_alive_timeout_ms);
+    let admin = crate::server::Limits {
+        head_timeout,
+        keep_alive_timeout,
+        max_connections: config.admin.max_connections,
+        max_connections_per_ip: config.admin.max_connections_per_ip,
+    };
+    let mut max_connections = config.proxy.max_connections;
+    if let Some(fds) = crate::server::open_file_limit() {
+        let room = fds.saturating_sub(FD_RESERVE + config.admin.max_connections) / 2 / proxies.max(1);
+        if room < max_connections {
+            tracing::warn!(
+                open_file_limit = fds,
+                configured = max_connections,
+                used = room.max(1),
+                "proxy.max_connections is above what the open-file limit leaves; using less (raise `ulimit -n`)"
+            );
+            max_connections = room.max(1);
+        }
+    }
+    let proxy = crate::server::Limits {
+        head_timeout,
+        keep_alive_timeout,
+        max_connections,
+        max_connections_per_ip: config.proxy.max_connections_per_ip.min(max_connections),
+    };
+    (proxy, admin)
 }
 
 async fn open_store(

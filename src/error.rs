@@ -65,6 +65,10 @@ pub enum BrokerError {
     UpstreamTimeout { attempts: u32, detail: String },
     #[error("failed to read the request body: {0}")]
     BodyRead(String),
+    #[error("the request body stalled: nothing arrived for {gap_ms} ms after {read} bytes")]
+    BodyTimeout { gap_ms: u64, read: usize },
+    #[error("too many open connections {scope}; try again shortly")]
+    TooManyConnections { scope: &'static str },
     #[error("no local node could serve this request ({local}), and category \"{category}\" does not allow cloud fallback (cloud = \"never\")")]
     CloudNotAllowed { category: String, local: String, forwarded: bool },
     #[error("no local node could serve this request ({local}), and category \"{category}\" redacts what it sends to the cloud, but the request has {bytes} bytes of text, over its redact_max_bytes of {limit}: it was not sent to any cloud provider")]
@@ -115,6 +119,8 @@ impl BrokerError {
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::UpstreamTimeout { .. } => "upstream_timeout",
             Self::BodyRead(_) => "body_read_failed",
+            Self::BodyTimeout { .. } => "body_read_timeout",
+            Self::TooManyConnections { .. } => "too_many_connections",
             Self::CloudNotAllowed { .. } => "cloud_not_allowed",
             Self::RedactTooLarge { .. } => "redact_too_large",
             Self::CloudFailed { .. } => "cloud_failed",
@@ -143,6 +149,7 @@ impl BrokerError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::NoHealthyNode { .. }
@@ -151,6 +158,7 @@ impl BrokerError {
             | Self::ClusterBusy
             | Self::CloudNotAllowed { .. }
             | Self::Paused
+            | Self::TooManyConnections { .. }
             | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::UpstreamFailed { .. } | Self::CloudFailed { .. } => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -281,6 +289,8 @@ mod tests {
             E::UpstreamFailed { .. } => E::UpstreamFailed { attempts: 1, detail: "".into() },
             E::UpstreamTimeout { .. } => E::UpstreamTimeout { attempts: 1, detail: "".into() },
             E::BodyRead(_) => E::BodyRead("".into()),
+            E::BodyTimeout { .. } => E::BodyTimeout { gap_ms: 1, read: 0 },
+            E::TooManyConnections { .. } => E::TooManyConnections { scope: "" },
             E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
             E::RedactTooLarge { .. } => E::RedactTooLarge { category: "".into(), bytes: 2, limit: 1, local: "".into(), forwarded: false },
             E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into() },

@@ -61,11 +61,13 @@ fn redaction_time(text: &str) -> Duration {
 }
 
 #[test]
-fn the_findings_896_kb_of_addresses_redact_in_well_under_a_second() {
+fn the_findings_896_kb_of_addresses_no_longer_take_tens_of_seconds() {
     let text = addresses(896 * 1024);
     let took = redaction_time(&text);
     println!("896 KB of e-mail addresses: redacted in {took:?} (was 26 s)");
-    assert!(took < Duration::from_secs(3), "redaction must be linear; 896 KB took {took:?}");
+    // The real guard is the scaling test below; this bound only catches the quadratic scan of
+    // the finding (26 s in release, minutes in a debug build) with room for a loaded CI box.
+    assert!(took < Duration::from_secs(15), "redaction must be linear; 896 KB took {took:?}");
 }
 
 #[test]

@@ -112,11 +112,16 @@ impl ListenerConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
     pub addr: String,
+    /// Open connections the admin listener holds at once; more get a 503 and are closed. Its
+    /// own budget, apart from the proxy's, so a flooded proxy leaves the admin API reachable.
+    pub max_connections: usize,
+    /// Open connections from one address (IPv6: one /64) at once.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for AdminConfig {
     fn default() -> Self {
-        Self { addr: DEFAULT_ADMIN_ADDR.into() }
+        Self { addr: DEFAULT_ADMIN_ADDR.into(), max_connections: 256, max_connections_per_ip: 64 }
     }
 }
 
@@ -305,8 +310,19 @@ pub struct ProxyConfig {
     pub default_num_ctx: u64,
     /// Refuse prompts that cannot fit the context instead of letting Ollama truncate them.
     pub context_guard: bool,
-    /// A client must send its request headers within this (slowloris protection).
+    /// A new connection must send its first request head within this: protocol detection, the
+    /// HTTP/2 preface and SETTINGS, and the headers (slowloris protection); HTTP/1.1 keep-alive
+    /// requests after the first must send their headers within it too.
     pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed (HTTP/1.1 and h2).
+    pub keep_alive_timeout_ms: u64,
+    /// Longest silence while a request body is read; a stalled upload gets 408.
+    pub body_read_timeout_ms: u64,
+    /// Open connections one proxy listener holds at once (also kept below the process's open
+    /// file limit); more get a 503 and are closed.
+    pub max_connections: usize,
+    /// Open connections from one address (IPv6: one /64) on one proxy listener.
+    pub max_connections_per_ip: usize,
 }
 
 impl Default for ProxyConfig {
@@ -320,6 +336,10 @@ impl Default for ProxyConfig {
             default_num_ctx: 4096,
             context_guard: true,
             header_read_timeout_ms: 10_000,
+            keep_alive_timeout_ms: 60_000,
+            body_read_timeout_ms: 10_000,
+            max_connections: 8192,
+            max_connections_per_ip: 512,
         }
     }
 }
@@ -470,6 +490,9 @@ impl ProxyConfig {
     }
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
+    }
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)

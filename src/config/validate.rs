@@ -80,6 +80,7 @@ impl Config {
         categories(self, &mut out);
         providers(self, &mut out);
         nonzero(self, &mut out);
+        connections(self, &mut out);
         alerts(self, &mut out);
         retry(self, &mut out);
         out
@@ -320,10 +321,32 @@ fn nonzero(c: &Config, out: &mut Found) {
         ("queue.max_model_ops", c.queue.max_model_ops as u64),
         ("proxy.default_num_ctx", c.proxy.default_num_ctx),
         ("proxy.header_read_timeout_ms", c.proxy.header_read_timeout_ms),
+        ("proxy.keep_alive_timeout_ms", c.proxy.keep_alive_timeout_ms),
+        ("proxy.body_read_timeout_ms", c.proxy.body_read_timeout_ms),
+        ("proxy.max_connections", c.proxy.max_connections as u64),
+        ("proxy.max_connections_per_ip", c.proxy.max_connections_per_ip as u64),
+        ("admin.max_connections", c.admin.max_connections as u64),
+        ("admin.max_connections_per_ip", c.admin.max_connections_per_ip as u64),
         ("retry.max_attempts", u64::from(c.retry.max_attempts)),
     ] {
         if v == 0 {
             push(out, field, "must be greater than 0");
+        }
+    }
+}
+
+/// `[proxy]` and `[admin]` connection caps: one address never gets more than the listener.
+fn connections(c: &Config, out: &mut Found) {
+    for (section, per_ip, max) in [
+        ("proxy", c.proxy.max_connections_per_ip, c.proxy.max_connections),
+        ("admin", c.admin.max_connections_per_ip, c.admin.max_connections),
+    ] {
+        if per_ip > max {
+            push(
+                out,
+                format!("{section}.max_connections_per_ip"),
+                format!("must not be larger than {section}.max_connections ({max})"),
+            );
         }
     }
 }

@@ -11,8 +11,7 @@
 //! the guard errs towards letting a prompt through: it refuses only prompts that surely do not
 //! fit, and warns (`X-Corral-Context-Warning`) above 85%.
 
-use serde_json::Value;
-
+use super::peek::Peek;
 use crate::config::Config;
 use crate::error::BrokerError;
 use crate::state::Shared;
@@ -21,28 +20,12 @@ use crate::state::Shared;
 const WARN_SHARE: f64 = 0.85;
 
 /// Estimated prompt tokens of a request body, or `None` for endpoints without a prompt.
-pub fn estimate_tokens(path: &str, body: &Value) -> Option<u64> {
-    let mut bytes = 0usize;
-    let mut add = |v: Option<&Value>| {
-        if let Some(Value::String(s)) = v {
-            bytes += s.len();
-        }
-    };
-    match path {
-        "/api/chat" | "/v1/chat/completions" => {
-            for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
-                match m.get("content") {
-                    Some(Value::Array(parts)) => parts.iter().for_each(|p| add(p.get("text"))),
-                    other => add(other),
-                }
-            }
-        }
-        "/api/generate" | "/v1/completions" => {
-            add(body.get("prompt"));
-            add(body.get("system"));
-        }
+pub fn estimate_tokens(path: &str, body: &Peek) -> Option<u64> {
+    let bytes = match path {
+        "/api/chat" | "/v1/chat/completions" => body.chat_text,
+        "/api/generate" | "/v1/completions" => body.generate_text,
         _ => return None,
-    }
+    };
     Some(bytes.div_ceil(4) as u64)
 }
 
@@ -52,10 +35,10 @@ pub(super) fn check(
     config: &Config,
     path: &str,
     model: &str,
-    v: &Value,
+    v: &Peek,
 ) -> Result<Option<String>, BrokerError> {
     let Some(estimated) = estimate_tokens(path, v) else { return Ok(None) };
-    let requested = v.get("options").and_then(|o| o.get("num_ctx")).and_then(Value::as_u64).filter(|n| *n > 0);
+    let requested = v.num_ctx.filter(|n| *n > 0);
     let learned = shared.registry.all().iter().filter_map(|n| n.context_length(model)).max();
     let limit = requested.or(learned).unwrap_or(config.proxy.default_num_ctx);
     if estimated > limit {
@@ -71,6 +54,10 @@ pub(super) fn check(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn estimate_tokens(path: &str, body: &serde_json::Value) -> Option<u64> {
+        super::estimate_tokens(path, &Peek::read(body.to_string().as_bytes()).expect("valid JSON"))
+    }
 
     #[test]
     fn estimate_is_a_lower_bound_by_bytes() {

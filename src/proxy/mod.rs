@@ -16,6 +16,7 @@ pub mod browser;
 mod context;
 mod fanout;
 mod forward;
+mod peek;
 mod relay;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ use crate::state::Shared;
 use crate::telemetry::{status_for, Trace};
 
 pub use forward::Outbound;
+pub use peek::{Named, Peek};
 
 /// Per-listener state: the shared broker plus what this socket says about its clients.
 #[derive(Clone, Debug)]
@@ -89,33 +91,42 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     })
 }
 
-/// The model a request body names. The whole body is parsed (not just skimmed), so hostile
-/// bodies (nesting past serde_json's depth limit, invalid UTF-8 anywhere) stop here with a 400
-/// instead of travelling to a node; the bytes forwarded are still the client's own.
-pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, serde_json::Value), BrokerError> {
-    let value: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| BrokerError::MalformedJson(e.to_string()))?;
-    let serde_json::Value::Object(fields) = &value else {
-        return Err(BrokerError::MalformedJson("the body must be a JSON object".into()));
+/// The model a request body names, read by `peek::Peek` without building the body's tree
+/// (memory stays the body's own size). Hostile bodies (nesting past serde_json's depth limit,
+/// invalid UTF-8 anywhere, a field given twice) stop here with a 400 instead of travelling to a
+/// node; the bytes forwarded are still the client's own.
+pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, Peek), BrokerError> {
+    // A large body takes a while to read through: off the async workers, so one upload never
+    // stalls other connections (the admin listener's included).
+    let multi_thread = || {
+        tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
     };
-    let stream = fields.get("stream").and_then(serde_json::Value::as_bool);
+    let peek = if body.len() > 256 * 1024 && multi_thread() {
+        tokio::task::block_in_place(|| Peek::read(body))
+    } else {
+        Peek::read(body)
+    }
+    .map_err(BrokerError::MalformedJson)?;
     // Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`);
     // `/api/copy` names it `source`.
     let mut model = None;
-    for key in ["model", "name", "source"] {
-        match fields.get(key) {
-            None | Some(serde_json::Value::Null) => continue,
-            Some(serde_json::Value::String(m)) if !m.is_empty() => {
+    for (key, named) in ["model", "name", "source"].into_iter().zip(&peek.names) {
+        match named {
+            peek::Named::Absent => continue,
+            peek::Named::Text(m) if !m.is_empty() => {
                 model = Some(m.clone());
                 break;
             }
-            Some(serde_json::Value::String(_)) => return Err(BrokerError::MissingModel),
-            Some(other) => return Err(BrokerError::MalformedJson(format!("\"{key}\" must be a string, not {other}"))),
+            peek::Named::Text(_) => return Err(BrokerError::MissingModel),
+            peek::Named::Other(kind) => {
+                return Err(BrokerError::MalformedJson(format!("\"{key}\" must be a string, not {kind}")))
+            }
         }
     }
     let model = model.ok_or(BrokerError::MissingModel)?;
     check_model_name(&model)?;
-    Ok((model, stream, value))
+    Ok((model, peek.stream, peek))
 }
 
 /// Longest model name accepted (Ollama's own names are far shorter: host/namespace/model:tag).
@@ -241,7 +252,9 @@ async fn serve(
         return Ok((http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
             .into_response());
     }
-    let body = read_body(&parts.headers, body, config.proxy.max_body_bytes).await.map_err(|e| (e, 0))?;
+    let body = read_body(&parts.headers, body, config.proxy.max_body_bytes, config.proxy.body_read_timeout())
+        .await
+        .map_err(|e| (e, 0))?;
     let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
     match endpoint {
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
@@ -353,11 +366,9 @@ impl Asked {
         }
         let queue_timeout = queue_timeout(config, &state.listener, &category, &parts.headers)?;
         let context_warning = match (model.as_deref(), parsed.as_ref(), config.proxy.context_guard) {
-            (Some(m), Some(v), true) => context::check(&state.shared, config, path, m, v)?,
+            (Some(m), Some(p), true) => context::check(&state.shared, config, path, m, p)?,
             _ => None,
         };
-        // The parsed tree can be large (images): it is dropped here, not held while the answer
-        // streams.
         Ok(Self { model, category, queue_timeout, context_warning })
     }
 }
@@ -406,21 +417,39 @@ pub async fn pull(shared: &Shared, model: &str, nodes: &[String]) -> Response {
     }
 }
 
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<axum::body::Bytes, BrokerError> {
+/// Read the whole body, up to `limit` bytes (413 above). Bytes must keep arriving: a body
+/// that sends nothing for `gap` gets 408 (a stalled upload would otherwise hold its memory and
+/// its task forever). The buffer is sized once from `Content-Length`, so a large body costs its
+/// own size, not a second copy.
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    gap: Duration,
+) -> Result<axum::body::Bytes, BrokerError> {
+    use http_body_util::BodyExt;
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BrokerError::BodyTooLarge { limit });
     }
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let too_large = std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-            || e.to_string().contains("length limit");
-        if too_large {
-            BrokerError::BodyTooLarge { limit }
-        } else {
-            BrokerError::BodyRead(e.to_string())
+    let mut body = body;
+    let mut buf = bytes::BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    loop {
+        let frame = match tokio::time::timeout(gap, body.frame()).await {
+            Err(_) => return Err(BrokerError::BodyTimeout { gap_ms: gap.as_millis() as u64, read: buf.len() }),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(BrokerError::BodyRead(e.to_string())),
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                return Err(BrokerError::BodyTooLarge { limit });
+            }
+            buf.extend_from_slice(&data);
         }
-    })
+    }
+    Ok(buf.freeze())
 }
 
 /// Category: the header, else the listener's default, else the first category whose model
