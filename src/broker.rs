@@ -91,6 +91,8 @@ impl Broker {
                     .collect(),
             }));
         }
+        // Entries from before keyring namespaces belong to the file a person started us with.
+        crate::cloud::claim_legacy_keys(&config).await;
         let registry = Arc::new(
             Registry::new(&config.nodes, NodeTuning::of(&config)).map_err(|e| StartError::Client(e.to_string()))?,
         );

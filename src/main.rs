@@ -59,9 +59,16 @@ async fn run(command: Command) -> ExitCode {
         Command::Config { command: ConfigCommand::Export { config, out } } => {
             cmd::config::export(config.as_deref(), out.as_deref())
         }
-        Command::Config { command: ConfigCommand::Import { file, merge: _, replace, dry_run, config } } => {
+        Command::Config {
+            command: ConfigCommand::Import { file, merge: _, replace, dry_run, config, accept_trust_changes },
+        } => {
             let mode = if replace { ImportMode::Replace } else { ImportMode::Merge };
-            cmd::config::import(&file, mode, dry_run, config.as_deref())
+            let accept = match accept_trust_changes {
+                Some(ids) if ids.is_empty() => corral::config::Accept::All,
+                Some(ids) => corral::config::Accept::Ids(ids.into_iter().collect()),
+                None => corral::config::Accept::none(),
+            };
+            cmd::config::import(&file, mode, dry_run, config.as_deref(), &accept)
         }
         Command::History(args) => cmd::history::run(args).await,
         Command::Secret { command } => cmd::secret::run(command),

@@ -1,23 +1,80 @@
-//! Secrets (cloud API keys) in the OS keyring: Secret Service on Linux, Keychain on macOS,
-//! Credential Manager on Windows, through the `keyring` crate.
+//! Secrets in the OS keyring: Secret Service on Linux, Keychain on macOS, Credential Manager on
+//! Windows, through the `keyring` crate.
 //!
 //! This module is the only code that touches secret values. Config files and exports only
 //! name a secret; the admin API stores and deletes values but never returns one; errors and
-//! logs name the secret, never its value. The keyring cannot list its entries, so the names
-//! are kept in one more entry of their own (`corral` / `index`), a JSON list of names.
+//! logs name the secret, never its value.
 //!
-//! Keyring calls block (D-Bus round trips), so async callers run them on the blocking pool.
-//! Index updates are serialized within a process; two processes changing secrets at the same
-//! instant could lose a name from the index (never a value): the keyring offers no
-//! compare-and-swap, so the CLI and a running broker should not race on purpose.
+//! Secrets have owners. Each entry lives in the namespace of its purpose (a keyring service of
+//! its own): `corral.provider` (cloud API keys), `corral.client` (keys clients of a remote
+//! listener present), `corral.internal` (the admin token). A provider's key is read with
+//! [`provider_key`], which looks in the provider namespace only, and only hands the key out for
+//! an origin (scheme, host, port) the key is bound to: the bindings sit in the keyring too
+//! (`corral.binding`), beside the key, out of reach of a config file or an import. A key is
+//! bound when a person stores it for the providers that name it (`corral secret set`,
+//! `PUT /admin/secrets/{name}`) or re-confirms it (`corral secret bind`, the Providers
+//! screen); never on first use, which is exactly what a re-pointed provider would ask for.
+//!
+//! Entries from before namespaces (service `corral`, and entries stored without saying what
+//! they are for) are *unclaimed*: a client-key lookup ([`get`]) may read them, a provider
+//! never does. [`claim`] moves them into their namespace, bound to the origins of the config
+//! a person wrote: the broker calls it once at start with the file it started with (never
+//! with a config changed by an import or the admin API), and `corral config import` with the
+//! file it is about to change, before writing it.
+//!
+//! The keyring cannot list its entries, so each namespace keeps its names in one more entry
+//! of its own (`index`), a JSON list. Keyring calls block (D-Bus round trips), so async callers
+//! run them on the blocking pool. Index updates are serialized within a process; two processes
+//! changing secrets at the same instant could lose a name from an index (never a value).
+//! Tests without a Secret Service call [`use_memory_store`] first: the same code over a map in
+//! this process's memory.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
 use keyring::Entry;
+use serde::Serialize;
 
-const SERVICE: &str = "corral";
-
-/// Serializes read-modify-write of the index within this process.
-static INDEX_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// The service of entries from before namespaces (and of their index).
+const LEGACY: &str = "corral";
+/// Where each provider key's bound origins are kept (a JSON list per key name).
+const BINDINGS: &str = "corral.binding";
 const INDEX: &str = "index";
+/// Names Corral keeps for itself: never a provider's or a client's key.
+pub const INTERNAL_NAMES: &[&str] = &["admin-token"];
+
+/// Serializes read-modify-write of the indexes and bindings within this process.
+static INDEX_LOCK: Mutex<()> = Mutex::new(());
+
+/// What a keyring entry is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Purpose {
+    /// A cloud provider's API key, sent only to the origins it is bound to.
+    Provider,
+    /// A key a client of a remote listener presents.
+    Client,
+    /// Corral's own: the admin token.
+    Internal,
+}
+
+impl Purpose {
+    fn service(self) -> &'static str {
+        match self {
+            Self::Provider => "corral.provider",
+            Self::Client => "corral.client",
+            Self::Internal => "corral.internal",
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Client => "client",
+            Self::Internal => "internal",
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
@@ -31,6 +88,14 @@ pub enum SecretError {
     NoKeyring(String),
     #[error("the OS keyring refused: {0}")]
     Keyring(String),
+    #[error("\"{0}\" is reserved for Corral's own use (the admin token); pick another name")]
+    Reserved(String),
+    #[error("\"{name}\" is a {purpose} entry; a provider may only use a provider key (store one with `corral secret set NAME --origin URL`)")]
+    WrongPurpose { name: String, purpose: &'static str },
+    #[error("key \"{name}\" not bound to this origin ({origin}); re-confirm with `corral secret bind {name} --origin {origin}` or on the Providers screen")]
+    Unbound { name: String, origin: String },
+    #[error("\"{0}\" is not an http(s) origin like https://api.openai.com")]
+    BadOrigin(String),
 }
 
 impl SecretError {
@@ -41,6 +106,10 @@ impl SecretError {
             Self::Empty => "empty_secret",
             Self::NoKeyring(_) => "keyring_unavailable",
             Self::Keyring(_) => "keyring_failed",
+            Self::Reserved(_) => "reserved_secret_name",
+            Self::WrongPurpose { .. } => "secret_wrong_purpose",
+            Self::Unbound { .. } => "key_not_bound",
+            Self::BadOrigin(_) => "bad_origin",
         }
     }
 }
@@ -57,6 +126,53 @@ pub fn check_name(name: &str) -> Result<(), SecretError> {
     }
 }
 
+/// Whether `name` is one of Corral's internal entries.
+pub fn is_internal(name: &str) -> bool {
+    INTERNAL_NAMES.contains(&name)
+}
+
+/// A name a person may store a provider or client key under.
+fn check_user_name(name: &str) -> Result<(), SecretError> {
+    check_name(name)?;
+    if is_internal(name) {
+        return Err(SecretError::Reserved(name.to_string()));
+    }
+    Ok(())
+}
+
+/// The origin a key is bound to: `scheme://host:port`, with the scheme's default port filled
+/// in, so `https://api.openai.com/v1` and `https://api.openai.com:443/x` are one origin.
+pub fn origin_of(url: &str) -> Result<String, SecretError> {
+    let bad = || SecretError::BadOrigin(url.chars().take(200).collect());
+    let u = url::Url::parse(url).map_err(|_| bad())?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(bad());
+    }
+    let host = u.host_str().ok_or_else(bad)?;
+    let port = u.port_or_known_default().ok_or_else(bad)?;
+    Ok(format!("{}://{}:{port}", u.scheme(), host.to_ascii_lowercase()))
+}
+
+// ---- the store: the OS keyring, or a map for tests -------------------------------------------
+
+enum Store {
+    Os,
+    Memory(Mutex<HashMap<(String, String), String>>),
+}
+
+static STORE: OnceLock<Store> = OnceLock::new();
+
+fn store() -> &'static Store {
+    STORE.get_or_init(|| Store::Os)
+}
+
+/// Test hook: keep this process's secrets in memory instead of the OS keyring. Call it before
+/// any other function here; returns false when the OS keyring was already in use (then nothing
+/// changes). The `corral` binary never calls it.
+pub fn use_memory_store() -> bool {
+    STORE.set(Store::Memory(Mutex::default())).is_ok() || matches!(store(), Store::Memory(_))
+}
+
 fn map(e: keyring::Error, name: &str) -> SecretError {
     match e {
         keyring::Error::NoEntry => SecretError::NotFound(name.to_string()),
@@ -67,45 +183,265 @@ fn map(e: keyring::Error, name: &str) -> SecretError {
     }
 }
 
-fn entry(name: &str) -> Result<Entry, SecretError> {
-    Entry::new(SERVICE, name).map_err(|e| map(e, name))
+fn entry(service: &str, name: &str) -> Result<Entry, SecretError> {
+    Entry::new(service, name).map_err(|e| map(e, name))
 }
 
-fn read_index() -> Result<Vec<String>, SecretError> {
-    match entry(INDEX)?.get_password() {
-        Ok(text) => Ok(serde_json::from_str(&text).unwrap_or_default()),
-        Err(keyring::Error::NoEntry) => Ok(Vec::new()),
-        Err(e) => Err(map(e, INDEX)),
+fn raw_get(service: &str, name: &str) -> Result<Option<String>, SecretError> {
+    match store() {
+        Store::Memory(m) => {
+            Ok(m.lock().unwrap_or_else(|p| p.into_inner()).get(&(service.to_string(), name.to_string())).cloned())
+        }
+        Store::Os => match entry(service, name)?.get_password() {
+            Ok(v) => Ok(Some(v)),
+            Err(keyring::Error::NoEntry) => Ok(None),
+            Err(e) => Err(map(e, name)),
+        },
     }
 }
 
-fn write_index(names: &[String]) -> Result<(), SecretError> {
-    let text = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
-    entry(INDEX)?.set_password(&text).map_err(|e| map(e, INDEX))
+fn raw_set(service: &str, name: &str, value: &str) -> Result<(), SecretError> {
+    match store() {
+        Store::Memory(m) => {
+            m.lock().unwrap_or_else(|p| p.into_inner()).insert((service.into(), name.into()), value.into());
+            Ok(())
+        }
+        Store::Os => entry(service, name)?.set_password(value).map_err(|e| map(e, name)),
+    }
 }
 
-/// Store `value` under `name`, replacing any earlier value.
+/// Remove an entry; whether there was one.
+fn raw_delete(service: &str, name: &str) -> Result<bool, SecretError> {
+    match store() {
+        Store::Memory(m) => {
+            Ok(m.lock().unwrap_or_else(|p| p.into_inner()).remove(&(service.to_string(), name.to_string())).is_some())
+        }
+        Store::Os => match entry(service, name)?.delete_credential() {
+            Ok(()) => Ok(true),
+            Err(keyring::Error::NoEntry) => Ok(false),
+            Err(e) => Err(map(e, name)),
+        },
+    }
+}
+
+fn read_list(service: &str, name: &str) -> Result<Vec<String>, SecretError> {
+    Ok(raw_get(service, name)?.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default())
+}
+
+fn write_list(service: &str, name: &str, list: &[String]) -> Result<(), SecretError> {
+    if list.is_empty() {
+        return raw_delete(service, name).map(|_| ());
+    }
+    raw_set(service, name, &serde_json::to_string(list).unwrap_or_else(|_| "[]".into()))
+}
+
+/// Add or remove `name` in `service`'s index. Callers hold `INDEX_LOCK`.
+fn index(service: &str, name: &str, present: bool) -> Result<(), SecretError> {
+    let mut names = read_list(service, INDEX)?;
+    let had = names.iter().any(|n| n == name);
+    if had == present {
+        return Ok(());
+    }
+    names.retain(|n| n != name);
+    if present {
+        names.push(name.to_string());
+        names.sort();
+    }
+    write_list(service, INDEX, &names)
+}
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    INDEX_LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Remove `name` from every namespace but `keep` (and from the unclaimed ones). Callers hold
+/// the lock.
+fn remove_elsewhere(name: &str, keep: Option<Purpose>) -> Result<bool, SecretError> {
+    let mut removed = false;
+    for p in [Purpose::Provider, Purpose::Client] {
+        if Some(p) != keep && raw_delete(p.service(), name)? {
+            index(p.service(), name, false)?;
+            removed = true;
+        }
+    }
+    if keep != Some(Purpose::Provider) {
+        raw_delete(BINDINGS, name)?;
+    }
+    if raw_delete(LEGACY, name)? {
+        index(LEGACY, name, false)?;
+        removed = true;
+    }
+    Ok(removed)
+}
+
+// ---- what the CLI and the admin API call ------------------------------------------------------
+
+/// Store `value` under `name` without saying what it is for: an unclaimed entry. A client-key
+/// lookup may use it; a provider only once it is claimed ([`claim`]) or bound ([`bind`]).
 pub fn set(name: &str, value: &str) -> Result<(), SecretError> {
-    check_name(name)?;
+    check_user_name(name)?;
     if value.is_empty() {
         return Err(SecretError::Empty);
     }
-    entry(name)?.set_password(value).map_err(|e| map(e, name))?;
-    let _serial = INDEX_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let mut names = read_index()?;
-    if !names.iter().any(|n| n == name) {
-        names.push(name.to_string());
-        names.sort();
-        write_index(&names)?;
-    }
-    tracing::info!(secret = name, "secret stored in the OS keyring");
+    let _serial = lock();
+    remove_elsewhere(name, None)?;
+    raw_set(LEGACY, name, value)?;
+    index(LEGACY, name, true)?;
+    tracing::info!(secret = name, "secret stored in the OS keyring (unclaimed)");
     Ok(())
 }
 
-/// The value of `name`. Only the code that calls a provider should need this.
+/// Store a provider's key, bound to exactly `origins` (each `scheme://host:port`, see
+/// [`origin_of`]): setting a key again is how a person re-confirms where it may go.
+pub fn set_provider_key(name: &str, value: &str, origins: &[String]) -> Result<(), SecretError> {
+    check_user_name(name)?;
+    if value.is_empty() {
+        return Err(SecretError::Empty);
+    }
+    let origins = origins.iter().map(|o| origin_of(o)).collect::<Result<Vec<_>, _>>()?;
+    let _serial = lock();
+    remove_elsewhere(name, Some(Purpose::Provider))?;
+    raw_set(Purpose::Provider.service(), name, value)?;
+    index(Purpose::Provider.service(), name, true)?;
+    write_list(BINDINGS, name, &dedup(origins.clone()))?;
+    tracing::info!(secret = name, origins = ?origins, "provider key stored in the OS keyring");
+    Ok(())
+}
+
+/// Store a client key (one a client of a remote listener presents).
+pub fn set_client_key(name: &str, value: &str) -> Result<(), SecretError> {
+    check_user_name(name)?;
+    if value.is_empty() {
+        return Err(SecretError::Empty);
+    }
+    let _serial = lock();
+    remove_elsewhere(name, Some(Purpose::Client))?;
+    raw_set(Purpose::Client.service(), name, value)?;
+    index(Purpose::Client.service(), name, true)?;
+    tracing::info!(secret = name, "client key stored in the OS keyring");
+    Ok(())
+}
+
+fn dedup(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// A person's confirmation that provider key `name` may be sent to `origin` (a URL; only its
+/// scheme, host and port count). An unclaimed entry becomes a provider key on the way.
+pub fn bind(name: &str, origin: &str) -> Result<String, SecretError> {
+    check_user_name(name)?;
+    let origin = origin_of(origin)?;
+    let _serial = lock();
+    if raw_get(Purpose::Provider.service(), name)?.is_none() {
+        if raw_get(Purpose::Client.service(), name)?.is_some() {
+            return Err(SecretError::WrongPurpose { name: name.into(), purpose: "client" });
+        }
+        let value = raw_get(LEGACY, name)?.ok_or_else(|| SecretError::NotFound(name.into()))?;
+        raw_set(Purpose::Provider.service(), name, &value)?;
+        index(Purpose::Provider.service(), name, true)?;
+        raw_delete(LEGACY, name)?;
+        index(LEGACY, name, false)?;
+    }
+    let mut origins = read_list(BINDINGS, name)?;
+    origins.push(origin.clone());
+    write_list(BINDINGS, name, &dedup(origins))?;
+    tracing::info!(secret = name, origin = %origin, "provider key bound to an origin");
+    Ok(origin)
+}
+
+/// The origins provider key `name` is bound to (empty for any other entry).
+pub fn bindings(name: &str) -> Result<Vec<String>, SecretError> {
+    check_name(name)?;
+    read_list(BINDINGS, name)
+}
+
+/// Claim unclaimed entries for the config a person wrote: each `(name, base_url)` of a provider
+/// becomes a provider key bound to that origin, each client name a client key. Entries already
+/// in a namespace are left as they are (their bindings too). Returns the names claimed.
+pub fn claim(providers: &[(String, String)], clients: &[String]) -> Result<Vec<String>, SecretError> {
+    let _serial = lock();
+    let mut claimed = Vec::new();
+    for name in clients.iter().filter(|n| check_user_name(n).is_ok()) {
+        if let Some(v) = raw_get(LEGACY, name)? {
+            raw_set(Purpose::Client.service(), name, &v)?;
+            index(Purpose::Client.service(), name, true)?;
+            raw_delete(LEGACY, name)?;
+            index(LEGACY, name, false)?;
+            claimed.push(name.clone());
+        }
+    }
+    for name in providers.iter().map(|(n, _)| n).filter(|n| check_user_name(n).is_ok()) {
+        let Some(v) = raw_get(LEGACY, name)? else { continue };
+        let origins: Vec<String> =
+            providers.iter().filter(|(n, _)| n == name).filter_map(|(_, u)| origin_of(u).ok()).collect();
+        raw_set(Purpose::Provider.service(), name, &v)?;
+        index(Purpose::Provider.service(), name, true)?;
+        write_list(BINDINGS, name, &dedup(origins))?;
+        raw_delete(LEGACY, name)?;
+        index(LEGACY, name, false)?;
+        tracing::info!(secret = %name, "unclaimed key claimed as a provider key by the config the broker started with");
+        claimed.push(name.clone());
+    }
+    Ok(claimed)
+}
+
+/// The key provider `name` may send to `origin` (a URL): from the provider namespace only,
+/// and only when bound to that origin.
+pub fn provider_key(name: &str, url: &str) -> Result<String, SecretError> {
+    check_name(name)?;
+    if is_internal(name) {
+        return Err(SecretError::WrongPurpose { name: name.into(), purpose: "internal" });
+    }
+    let origin = origin_of(url)?;
+    match raw_get(Purpose::Provider.service(), name)? {
+        Some(key) if read_list(BINDINGS, name)?.contains(&origin) => Ok(key),
+        Some(_) => Err(SecretError::Unbound { name: name.into(), origin }),
+        None if raw_get(Purpose::Client.service(), name)?.is_some() => {
+            Err(SecretError::WrongPurpose { name: name.into(), purpose: "client" })
+        }
+        None if raw_get(LEGACY, name)?.is_some() => Err(SecretError::Unbound { name: name.into(), origin }),
+        None => Err(SecretError::NotFound(name.into())),
+    }
+}
+
+/// How a provider at `url` stands with key `name`, without handing the value out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    /// Stored and bound to this provider's origin.
+    Set,
+    Missing,
+    /// Stored, but not for this origin (or unclaimed): a person must confirm it.
+    Unbound,
+    /// The name is a client key or an internal entry.
+    WrongPurpose,
+}
+
+pub fn provider_key_state(name: &str, url: &str) -> Result<KeyState, SecretError> {
+    match provider_key(name, url) {
+        Ok(_) => Ok(KeyState::Set),
+        Err(SecretError::NotFound(_)) => Ok(KeyState::Missing),
+        Err(SecretError::Unbound { .. } | SecretError::BadOrigin(_)) => Ok(KeyState::Unbound),
+        Err(SecretError::WrongPurpose { .. }) => Ok(KeyState::WrongPurpose),
+        Err(e) => Err(e),
+    }
+}
+
+/// The value of a client key (or an unclaimed entry), else of a provider key: for client-key
+/// checks and the CLI. Never an internal entry. A provider's key is read with [`provider_key`].
 pub fn get(name: &str) -> Result<String, SecretError> {
     check_name(name)?;
-    entry(name)?.get_password().map_err(|e| map(e, name))
+    if is_internal(name) {
+        return Err(SecretError::Reserved(name.to_string()));
+    }
+    for service in [Purpose::Client.service(), LEGACY, Purpose::Provider.service()] {
+        if let Some(v) = raw_get(service, name)? {
+            return Ok(v);
+        }
+    }
+    Err(SecretError::NotFound(name.to_string()))
 }
 
 /// Whether `name` has a value (without handing the value out).
@@ -118,34 +454,65 @@ pub fn is_set(name: &str) -> Result<bool, SecretError> {
 }
 
 pub fn delete(name: &str) -> Result<(), SecretError> {
-    check_name(name)?;
-    entry(name)?.delete_credential().map_err(|e| map(e, name))?;
-    let _serial = INDEX_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let names: Vec<String> = read_index()?.into_iter().filter(|n| n != name).collect();
-    write_index(&names)?;
+    check_user_name(name)?;
+    let _serial = lock();
+    if !remove_elsewhere(name, None)? {
+        return Err(SecretError::NotFound(name.to_string()));
+    }
     tracing::info!(secret = name, "secret deleted from the OS keyring");
     Ok(())
 }
 
-/// Names of the stored secrets, sorted. Never values.
-pub fn list() -> Result<Vec<String>, SecretError> {
-    read_index()
+/// One stored entry, by name: what it is for ("unclaimed" when nobody said) and, for a provider
+/// key, the origins it may be sent to. Never the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stored {
+    pub name: String,
+    pub purpose: &'static str,
+    pub origins: Vec<String>,
 }
 
-/// The admin API's token, kept in the keyring so the desktop app hands the same one to its
-/// window on every start (and a person never types it). Created on first use; not listed
-/// among the provider secrets.
-pub fn admin_token() -> Result<String, SecretError> {
-    let entry = entry("admin-token")?;
-    match entry.get_password() {
-        Ok(t) if !t.is_empty() => Ok(t),
-        Ok(_) | Err(keyring::Error::NoEntry) => {
-            let token = uuid::Uuid::new_v4().simple().to_string();
-            entry.set_password(&token).map_err(|e| map(e, "admin-token"))?;
-            Ok(token)
-        }
-        Err(e) => Err(map(e, "admin-token")),
+/// Every stored entry but the internal ones, sorted by name. Never values.
+pub fn entries() -> Result<Vec<Stored>, SecretError> {
+    let mut out = Vec::new();
+    for name in read_list(Purpose::Provider.service(), INDEX)? {
+        let origins = read_list(BINDINGS, &name)?;
+        out.push(Stored { name, purpose: Purpose::Provider.as_str(), origins });
     }
+    for name in read_list(Purpose::Client.service(), INDEX)? {
+        out.push(Stored { name, purpose: Purpose::Client.as_str(), origins: Vec::new() });
+    }
+    for name in read_list(LEGACY, INDEX)?.into_iter().filter(|n| !is_internal(n)) {
+        out.push(Stored { name, purpose: "unclaimed", origins: Vec::new() });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Names of the stored secrets, sorted. Never values.
+pub fn list() -> Result<Vec<String>, SecretError> {
+    let mut names: Vec<String> = entries()?.into_iter().map(|e| e.name).collect();
+    names.dedup();
+    Ok(names)
+}
+
+/// The admin API's token, kept in the keyring's internal namespace so the desktop app hands
+/// the same one to its window on every start (and a person never types it). Created on first
+/// use; a token from before namespaces is moved there (and out of reach of any key lookup).
+pub fn admin_token() -> Result<String, SecretError> {
+    const NAME: &str = "admin-token";
+    let service = Purpose::Internal.service();
+    let _serial = lock();
+    if let Some(t) = raw_get(service, NAME)?.filter(|t| !t.is_empty()) {
+        return Ok(t);
+    }
+    let token = match raw_get(LEGACY, NAME)?.filter(|t| !t.is_empty()) {
+        Some(old) => old,
+        None => uuid::Uuid::new_v4().simple().to_string(),
+    };
+    raw_set(service, NAME, &token)?;
+    raw_delete(LEGACY, NAME)?;
+    Ok(token)
 }
 
 #[cfg(test)]
@@ -158,5 +525,20 @@ mod tests {
             assert_eq!(set(bad, "v").err().map(|e| e.code()), Some("bad_secret_name"), "{bad:?}");
         }
         assert_eq!(set("ok-name", "").err().map(|e| e.code()), Some("empty_secret"));
+        assert_eq!(set("admin-token", "v").err().map(|e| e.code()), Some("reserved_secret_name"));
+        assert_eq!(
+            provider_key("admin-token", "https://x").err().map(|e| e.code()),
+            Some("secret_wrong_purpose"),
+            "a provider never reads the admin token"
+        );
+    }
+
+    #[test]
+    fn an_origin_is_scheme_host_and_port() {
+        assert_eq!(origin_of("https://api.openai.com/v1").ok().as_deref(), Some("https://api.openai.com:443"));
+        assert_eq!(origin_of("http://127.0.0.1:9/v1").ok().as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(origin_of("HTTPS://API.OpenAI.com:443/x").ok().as_deref(), Some("https://api.openai.com:443"));
+        assert!(origin_of("file:///etc/passwd").is_err());
+        assert!(origin_of("not a url").is_err());
     }
 }

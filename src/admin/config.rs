@@ -1,7 +1,9 @@
 //! `/admin/config/export` and `/admin/config/import`: the running config as TOML, and a TOML
 //! file merged into (or replacing) it. An import always shows its preview (added, changed,
-//! removed, secrets needed); unless it is a dry run, the result is validated whole and swapped
-//! in, and a broken file leaves the running config as it was.
+//! removed, each changed field old -> new, the trust changes in words, secrets needed); unless
+//! it is a dry run, the result is validated whole and swapped in, and a broken file leaves the
+//! running config as it was. Trust changes apply only when accepted by id (`accept=a,b`) or all
+//! at once (`accept_all=true`); the others are held back and the answer lists them.
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
@@ -11,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{commit, validate, AdminError, AdminState};
-use crate::config::{Config, ImportMode};
+use crate::config::{Accept, ImportMode};
 
 pub(super) async fn export(State(s): State<AdminState>) -> Response {
     let text = crate::config::export_text(&s.shared.config());
@@ -22,6 +24,10 @@ pub(super) async fn export(State(s): State<AdminState>) -> Response {
 pub(super) struct ImportQuery {
     mode: Option<ImportMode>,
     dry_run: Option<bool>,
+    /// Trust change ids a person confirmed, comma-separated.
+    accept: Option<String>,
+    /// Confirm every trust change listed.
+    accept_all: Option<bool>,
 }
 
 /// `POST /admin/config/import?mode=merge|replace&dry_run=true` with a TOML body: the preview
@@ -31,16 +37,32 @@ pub(super) async fn import(
     Query(q): Query<ImportQuery>,
     body: String,
 ) -> Result<Json<Value>, AdminError> {
-    let incoming =
-        Config::parse(&body).map_err(|e| AdminError::Invalid(e.problems.iter().map(|p| p.to_string()).collect()))?;
     let mode = q.mode.unwrap_or(ImportMode::Merge);
-    let (next, changes) = crate::config::import(&s.shared.config(), &incoming, mode);
-    let secrets = crate::config::secret_names(&next);
+    let accept = if q.accept_all.unwrap_or(false) {
+        Accept::All
+    } else {
+        let ids = q.accept.unwrap_or_default();
+        Accept::Ids(ids.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
+    };
+    let plan = crate::config::plan(&s.shared.config(), &body, mode, &accept)
+        .map_err(|e| AdminError::Invalid(e.problems.iter().map(|p| p.to_string()).collect()))?;
+    let secrets = crate::config::secret_names(&plan.next);
     let dry_run = q.dry_run.unwrap_or(false);
     if dry_run {
-        validate(&next)?;
+        validate(&plan.next)?;
     } else {
-        commit(&s, next)?;
+        commit(&s, plan.next)?;
+        if !plan.held_back.is_empty() {
+            tracing::warn!(held_back = ?plan.held_back, "import applied without its unconfirmed trust changes");
+        }
     }
-    Ok(Json(json!({ "mode": mode, "dry_run": dry_run, "changes": changes, "secrets_needed": secrets })))
+    Ok(Json(json!({
+        "mode": mode,
+        "dry_run": dry_run,
+        "changes": plan.changes,
+        "trust": plan.trust,
+        "held_back": plan.held_back,
+        "notes": plan.notes,
+        "secrets_needed": secrets,
+    })))
 }

@@ -64,7 +64,10 @@ impl AdminError {
             Self::Conflict { .. } => StatusCode::CONFLICT,
             Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
             Self::Secret(SecretError::NotFound(_)) => StatusCode::NOT_FOUND,
-            Self::Secret(SecretError::BadName(_) | SecretError::Empty) => StatusCode::BAD_REQUEST,
+            Self::Secret(
+                SecretError::BadName(_) | SecretError::Empty | SecretError::Reserved(_) | SecretError::BadOrigin(_),
+            ) => StatusCode::BAD_REQUEST,
+            Self::Secret(SecretError::WrongPurpose { .. } | SecretError::Unbound { .. }) => StatusCode::CONFLICT,
             Self::Secret(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Chart(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ForbiddenHost(_) | Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
@@ -104,6 +107,12 @@ mod tests {
             AdminError::Secret(SecretError::Empty) => AdminError::Secret(SecretError::Empty),
             AdminError::Secret(SecretError::NoKeyring(_)) => AdminError::Secret(SecretError::NoKeyring(String::new())),
             AdminError::Secret(SecretError::Keyring(_)) => AdminError::Secret(SecretError::Keyring(String::new())),
+            AdminError::Secret(SecretError::Reserved(_)) => AdminError::Secret(SecretError::Reserved(String::new())),
+            AdminError::Secret(SecretError::WrongPurpose { .. }) =>
+                AdminError::Secret(SecretError::WrongPurpose { name: String::new(), purpose: "client" }),
+            AdminError::Secret(SecretError::Unbound { .. }) =>
+                AdminError::Secret(SecretError::Unbound { name: String::new(), origin: String::new() }),
+            AdminError::Secret(SecretError::BadOrigin(_)) => AdminError::Secret(SecretError::BadOrigin(String::new())),
             AdminError::Store(StoreError::Open { .. }) =>
                 AdminError::Store(StoreError::Open { path: String::new(), source: sqlx::Error::PoolClosed }),
             AdminError::Store(StoreError::Migrate { .. }) => AdminError::Store(StoreError::Migrate {

@@ -111,6 +111,7 @@ pub const ROUTES: &[Route] = &[
     protected(Method::GET, "/admin/secrets", |m| on(m, secrets::list)),
     protected(Method::PUT, "/admin/secrets/{name}", |m| on(m, secrets::put)),
     protected(Method::DELETE, "/admin/secrets/{name}", |m| on(m, secrets::delete)),
+    protected(Method::POST, "/admin/secrets/{name}/bind", |m| on(m, secrets::bind)),
     protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
     protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
     protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),

@@ -1,6 +1,9 @@
 //! `/admin/providers`: the cloud providers a category may fall back to. Reads say, per
-//! provider, whether its secret is set in the keyring (never the value); a test asks the
-//! provider for one token with its key, to check URL, key and model map together.
+//! provider, whether its key is set in the keyring and bound to its origin (never the value):
+//! `set`, `missing`, `unbound` (stored for another origin: a person confirms it with
+//! `POST /admin/secrets/{name}/bind`) or `wrong_purpose`; a test asks the provider for one
+//! token with its key, to check URL, key and model map together. Its error text never carries
+//! the key (`cloud::mask_key`).
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -9,21 +12,30 @@ use serde_json::{json, Value};
 use super::{commit, parse, AdminError, AdminState};
 use crate::cloud::probe;
 use crate::config::{Config, ProviderConfig};
+use crate::secrets::KeyState;
 
 pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
     let config = s.shared.config();
-    let needed: Vec<String> = config.providers.iter().map(|p| p.secret.clone()).filter(|n| !n.is_empty()).collect();
+    let needed: Vec<(String, String)> = config
+        .providers
+        .iter()
+        .filter(|p| !p.secret.is_empty())
+        .map(|p| (p.secret.clone(), p.base_url.clone()))
+        .collect();
     // Keyring calls block on D-Bus: run them off the async workers.
     let states = tokio::task::spawn_blocking(move || {
         needed
             .into_iter()
-            .map(|n| {
-                let state = match crate::secrets::is_set(&n) {
-                    Ok(true) => "set",
-                    Ok(false) => "missing",
+            .map(|(n, url)| {
+                let state = match crate::secrets::provider_key_state(&n, &url) {
+                    Ok(KeyState::Set) => "set",
+                    Ok(KeyState::Missing) => "missing",
+                    Ok(KeyState::Unbound) => "unbound",
+                    Ok(KeyState::WrongPurpose) => "wrong_purpose",
                     Err(_) => "unknown",
                 };
-                (n, state)
+                let bound = crate::secrets::bindings(&n).unwrap_or_default();
+                ((n, url), (state, bound))
             })
             .collect::<std::collections::HashMap<_, _>>()
     })
@@ -34,8 +46,11 @@ pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
         .iter()
         .map(|p| {
             let mut v = json!(p);
+            let found = states.get(&(p.secret.clone(), p.base_url.clone()));
             v["secret_state"] =
-                json!(if p.secret.is_empty() { "none" } else { states.get(&p.secret).copied().unwrap_or("unknown") });
+                json!(if p.secret.is_empty() { "none" } else { found.map_or("unknown", |(state, _)| *state) });
+            v["origin"] = json!(crate::secrets::origin_of(&p.base_url).ok());
+            v["bound_origins"] = json!(found.map(|(_, b)| b.clone()).unwrap_or_default());
             v
         })
         .collect::<Vec<_>>()))

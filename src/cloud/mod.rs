@@ -67,13 +67,54 @@ impl ProviderError {
 }
 
 /// A provider's refusal in words, with anything that looks like the key sent masked: an
-/// echoing server must not hand the key back to whoever reads the error.
+/// echoing server must not hand the key back to whoever reads the error (a client, the UI's
+/// test button, a log).
 fn refused(status: u16, message: &str, key: Option<&str>) -> ProviderError {
-    let mut message = message.trim().to_string();
+    ProviderError::Refused { status, message: mask_key(message, key) }
+}
+
+/// `text` without the key (whole, or any 8-character run of it: an echo that cut, quoted or
+/// re-encoded part of it), without bearer tokens and `sk-` style keys, and at most 300
+/// characters long.
+pub fn mask_key(text: &str, key: Option<&str>) -> String {
+    const MARK: &str = "[redacted key]";
+    let mut out = text.trim().to_string();
     if let Some(k) = key.filter(|k| k.len() >= 4) {
-        message = message.replace(k, "[redacted key]");
+        out = out.replace(k, MARK);
+        let chars: Vec<char> = k.chars().collect();
+        if chars.len() >= 8 {
+            for w in chars.windows(8) {
+                let piece: String = w.iter().collect();
+                if out.contains(&piece) {
+                    out = out.replace(&piece, MARK);
+                }
+            }
+        }
     }
-    ProviderError::Refused { status, message }
+    let words: Vec<String> = out
+        .split(' ')
+        .map(|w| {
+            let bare = w.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+            let keyish = (bare.starts_with("sk-") || bare.starts_with("sk_")) && bare.len() >= 12;
+            if keyish {
+                MARK.to_string()
+            } else {
+                w.to_string()
+            }
+        })
+        .collect();
+    let mut out = words.join(" ");
+    let mut from = 0;
+    while let Some(rel) = out[from..].find("Bearer ") {
+        let start = from + rel + "Bearer ".len();
+        let end = out[start..].find([' ', '"', '\'', ',']).map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, MARK);
+        from = start + MARK.len();
+    }
+    if out.chars().count() > 300 {
+        out = out.chars().take(300).collect::<String>() + "...";
+    }
+    out
 }
 
 /// The model a provider is asked for: the map's entry for the local name (with or without
@@ -259,7 +300,6 @@ async fn try_provider(
         let msg = translate::native_error(text.as_bytes());
         return Err(refused(status.as_u16(), msg["error"].as_str().unwrap_or(""), key.as_deref()));
     }
-    drop(key);
     let reply = match (Native::of(req.path), restorer) {
         (Some(api), r) => Some(Reply::native(api, req.model, sent.sent_at, r)),
         (None, Some(r)) => Some(Reply::passthrough(req.model, sent.sent_at, r)),
@@ -267,8 +307,9 @@ async fn try_provider(
     };
     let remaining = sent.remaining();
     let sent_at = sent.sent_at;
-    let (content_type, body) =
-        openai::answer_body(sent.response, reply, stream, remaining).await.map_err(ProviderError::Answer)?;
+    let (content_type, body) = openai::answer_body(sent.response, reply, stream, remaining)
+        .await
+        .map_err(|e| ProviderError::Answer(mask_key(&e, key.as_deref())))?;
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, content_type);
     Ok(upstream::first_chunk(StatusCode::OK, headers, body, sent_at, remaining, first_byte).await?)
@@ -294,16 +335,41 @@ async fn redacted(
 }
 
 /// A provider's API key from the keyring (read per use, off the async workers); `None` for a
-/// provider that takes no key.
+/// provider that takes no key. Only a provider key bound to this provider's origin is ever
+/// read: a provider that names a client key, the admin token, or a key stored for another
+/// origin gets an error saying so, and sends nothing.
 async fn provider_key(p: &ProviderConfig) -> Result<Option<String>, ProviderError> {
     if p.secret.is_empty() {
         return Ok(None);
     }
-    let name = p.secret.clone();
-    let got = tokio::task::spawn_blocking(move || crate::secrets::get(&name))
+    let (name, url) = (p.secret.clone(), p.base_url.clone());
+    let got = tokio::task::spawn_blocking(move || crate::secrets::provider_key(&name, &url))
         .await
         .map_err(|e| ProviderError::KeyLookup(e.to_string()))?;
     Ok(Some(got?))
+}
+
+/// Claim keyring entries from before namespaces for the config the broker started with (a
+/// file a person wrote; never a config changed by an import): each becomes a provider key bound
+/// to the origin of the providers that name it, or a client key. Failures are logged: a key
+/// left unclaimed is unusable by a provider, which fails closed.
+pub async fn claim_legacy_keys(config: &Config) {
+    let providers: Vec<(String, String)> = config
+        .providers
+        .iter()
+        .filter(|p| !p.secret.is_empty())
+        .map(|p| (p.secret.clone(), p.base_url.clone()))
+        .collect();
+    let clients: Vec<String> = config.listeners.iter().flat_map(|l| l.api_keys.iter().cloned()).collect();
+    if providers.is_empty() && clients.is_empty() {
+        return;
+    }
+    match tokio::task::spawn_blocking(move || crate::secrets::claim(&providers, &clients)).await {
+        Ok(Ok(claimed)) if !claimed.is_empty() => tracing::info!(secrets = ?claimed, "keyring entries claimed"),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, code = e.code(), "keyring entries not claimed"),
+        Err(e) => tracing::warn!(error = %e, "keyring claim failed"),
+    }
 }
 
 /// One tiny request to a provider with its key (the UI's "test" button). Returns the model
@@ -339,6 +405,13 @@ mod tests {
         let e = refused(401, "invalid key sk-secret-123 for org", Some("sk-secret-123"));
         assert_eq!(e.to_string(), "HTTP 401 invalid key [redacted key] for org");
         assert_eq!(refused(500, "boom", None).to_string(), "HTTP 500 boom");
+        let partial = refused(401, "got \"sk-secret-12\" (truncated)", Some("sk-secret-123456"));
+        assert!(!partial.to_string().contains("secret-1"), "a partial echo is masked too: {partial}");
+        let bearer = refused(401, "Authorization: Bearer abc.def-ghi was rejected", Some("zzzz"));
+        assert!(!bearer.to_string().contains("abc.def"), "any bearer token is masked: {bearer}");
+        let other = refused(401, "your key sk-proj-abcdefghijkl is wrong", None);
+        assert!(!other.to_string().contains("abcdefghijkl"), "keys of the usual shape are masked: {other}");
+        assert!(refused(500, &"x".repeat(5000), None).to_string().len() < 400, "error text is bounded");
     }
 
     #[test]

@@ -179,8 +179,30 @@ pub struct HistoryArgs {
 
 #[derive(Subcommand)]
 pub enum SecretCommand {
-    /// Store a secret; the value is read from standard input (not echoed on a terminal).
-    Set { name: String },
+    /// Store a secret; the value is read from standard input (not echoed on a terminal). A name
+    /// the config's providers use becomes a provider key bound to their origins (scheme, host,
+    /// port); a name a listener lists in `api_keys` becomes a client key.
+    Set {
+        name: String,
+        /// Also bind the key to this provider origin (a URL); makes it a provider key.
+        #[arg(long)]
+        origin: Vec<String>,
+        /// Store a client key (one a client of a remote listener presents).
+        #[arg(long, conflicts_with = "origin")]
+        client: bool,
+        /// The config whose providers and listeners say what the key is for (default: the
+        /// platform config file).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Confirm that a provider key may be sent to an origin (after its provider's base_url
+    /// moved, or for a key stored before keys had origins).
+    Bind {
+        name: String,
+        /// The provider URL (only its scheme, host and port count).
+        #[arg(long)]
+        origin: String,
+    },
     /// Remove a secret.
     Delete { name: String },
     /// The names of the stored secrets (never values).
@@ -228,6 +250,10 @@ pub enum ConfigCommand {
         /// Only show what would change.
         #[arg(long)]
         dry_run: bool,
+        /// Apply trust changes (URLs, cloud permission, redaction, keys, where traffic goes):
+        /// alone, every one listed; `=ID,ID` only those. Without it they are held back.
+        #[arg(long, num_args = 0.., value_delimiter = ',', require_equals = true, value_name = "ID")]
+        accept_trust_changes: Option<Vec<String>>,
         /// The config file to change (default: the platform config file).
         #[arg(long)]
         config: Option<PathBuf>,

@@ -1,6 +1,8 @@
 //! `corral config check | export | import`: validate a config file, share one (never secrets:
 //! providers only name their keyring entries), and bring a shared one into yours, showing what
-//! is added, changed and removed. Also where the other commands find their config.
+//! is added, changed and removed, field by field, with every trust change named in words and
+//! held back unless accepted (`--accept-trust-changes`). Also where the other commands find
+//! their config.
 //!
 //! An import is validated whole before anything is written, and written next to the target then
 //! renamed over it, so a failure never leaves half a file.
@@ -8,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use corral::config::{Config, ImportMode};
+use corral::config::{Accept, Config, ImportMode, Plan};
 
 /// The config, where it came from (for the log), and the file to watch if there is one.
 ///
@@ -91,11 +93,11 @@ pub fn export(config: Option<&Path>, out: Option<&Path>) -> ExitCode {
     }
 }
 
-pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path>) -> ExitCode {
-    let incoming = match Config::load(file) {
-        Ok(c) => c,
+pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path>, accept: &Accept) -> ExitCode {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
         Err(e) => {
-            eprintln!("{}: {e}", file.display());
+            eprintln!("error: cannot read {}: {e}", file.display());
             eprintln!("nothing was changed");
             return ExitCode::from(2);
         }
@@ -116,8 +118,15 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
     } else {
         Config::default()
     };
-    let (next, changes) = corral::config::import(&base, &incoming, mode);
-    let problems = next.validate();
+    let plan = match corral::config::plan(&base, &text, mode, accept) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            eprintln!("nothing was changed");
+            return ExitCode::from(2);
+        }
+    };
+    let problems = plan.next.validate();
     if !problems.is_empty() {
         eprintln!("the imported config would not be valid; nothing was changed:");
         for (path, msg) in problems {
@@ -125,23 +134,17 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
         }
         return ExitCode::from(2);
     }
-    if changes.is_empty() {
-        println!("no changes: {} already has everything in {}", target.display(), file.display());
-    }
-    for c in &changes {
-        println!("{c}");
-    }
-    let secrets = corral::config::secret_names(&next);
-    if !secrets.is_empty() {
-        println!("secrets this config needs (set each with `corral secret set NAME`): {}", secrets.join(", "));
-    }
+    print_plan(&plan, &target, file);
     if dry_run {
         println!("dry run: {} not changed", target.display());
         return ExitCode::SUCCESS;
     }
-    match corral::config::write_private(&target, &corral::config::export_text(&next)) {
+    if let Err(code) = claim_before_write(&base, &plan.next) {
+        return code;
+    }
+    match corral::config::write_private(&target, &corral::config::export_text(&plan.next)) {
         Ok(()) => {
-            println!("wrote {} ({} change(s))", target.display(), changes.len());
+            println!("wrote {} ({} change(s))", target.display(), plan.changes.len());
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -150,3 +153,71 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
         }
     }
 }
+
+/// The preview: each change with its fields old -> new, the trust changes in words (and which
+/// are held back), keys that will not follow a provider, the secrets needed.
+fn print_plan(plan: &Plan, target: &Path, file: &Path) {
+    if plan.changes.is_empty() {
+        println!("no changes: {} already has everything in {}", target.display(), file.display());
+    }
+    for c in &plan.changes {
+        println!("{c}");
+        for f in &c.fields {
+            println!("    {}: {} -> {}", f.field, f.old, f.new);
+        }
+    }
+    if !plan.trust.is_empty() {
+        println!("trust changes (each applies only when you accept it):");
+        for t in &plan.trust {
+            let state = if t.accepted { "accepted" } else { "held back" };
+            println!("  ! [{}] {} ({state})", t.id, t.message);
+        }
+    }
+    for note in &plan.notes {
+        println!("note: {note}");
+    }
+    let secrets = corral::config::secret_names(&plan.next);
+    if !secrets.is_empty() {
+        println!("secrets this config needs (set each with `corral secret set NAME`): {}", secrets.join(", "));
+    }
+    if !plan.held_back.is_empty() {
+        println!(
+            "held back {} trust change(s): {}; to apply them re-run with --accept-trust-changes={}",
+            plan.held_back.len(),
+            plan.held_back.join(", "),
+            plan.held_back.join(",")
+        );
+    }
+}
+
+/// Keys stored before keyring namespaces belong to the file being changed: claim them for its
+/// providers' origins before the new file is written, so the next start never binds a key to
+/// an origin the import brought. If the keyring cannot be reached and the import moves a
+/// provider that names a key, nothing is written.
+fn claim_before_write(base: &Config, next: &Config) -> Result<(), ExitCode> {
+    let providers: Vec<(String, String)> = base
+        .providers
+        .iter()
+        .filter(|p| !p.secret.is_empty())
+        .map(|p| (p.secret.clone(), p.base_url.clone()))
+        .collect();
+    if providers.is_empty() {
+        return Ok(());
+    }
+    let clients: Vec<String> = base.listeners.iter().flat_map(|l| l.api_keys.iter().cloned()).collect();
+    let Err(e) = corral::secrets::claim(&providers, &clients) else { return Ok(()) };
+    let origin = |u: &str| corral::secrets::origin_of(u).ok();
+    let moved = next.providers.iter().filter(|p| !p.secret.is_empty()).any(|p| {
+        base.providers.iter().find(|o| o.name == p.name).is_some_and(|o| origin(&o.base_url) != origin(&p.base_url))
+    });
+    if moved {
+        eprintln!("error: {e}");
+        eprintln!(
+            "the import moves a provider that names a key, and its key cannot be secured first; nothing was changed"
+        );
+        return Err(ExitCode::from(1));
+    }
+    eprintln!("warning: keys stored before keyring namespaces were not claimed ({}): {e}", e.code());
+    Ok(())
+}
+

@@ -5,26 +5,49 @@
 //! with `replace` also the tuning sections (proxy, health, breaker, retry, queue, alerts). What
 //! belongs to one machine never travels: listener and admin addresses and the store stay the
 //! receiving side's. Secrets never travel either: a config only names keyring entries, and
-//! `secret_names` lists them so the receiver knows what to set. `import` is pure (two configs
-//! in, the next config and its change list out), so a preview and an apply of the same file on
-//! the same running config agree; validating the result and swapping it in is the caller's job.
+//! `secret_names` lists them so the receiver knows what to set.
+//!
+//! A shared file is untrusted input. [`plan`] reads the file's own TOML keys, so a merge takes
+//! only what the file says (a file with one provider adds that provider and nothing else; a
+//! node it names changes only in the fields it sets), lists every changed field old -> new,
+//! and names each *trust change* in words: a node or provider URL changing, a category gaining
+//! cloud permission or losing redaction, a provider's `secret` changing, a category's
+//! `providers`, `order` or `models` sending traffic elsewhere, a new category that may use the
+//! cloud. A trust change is applied only when accepted by its id (or all at once); the rest of
+//! the file applies and the plan says what was held back. Keys are never carried over to a new
+//! origin: a provider key is bound in the keyring to the origin it was stored for (`secrets`).
+//! `plan` is pure (config and text in, the next config and its change list out), so a preview
+//! and an apply of the same file on the same running config agree; validating the result and
+//! swapping it in is the caller's job.
 
+use std::collections::BTreeSet;
+
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::schema::Config;
+use super::validate::ConfigError;
 
 /// How an imported config combines with the running one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ImportMode {
-    /// Add the file's nodes, categories and providers; the file wins on a name both have;
-    /// everything else stays.
+    /// Add the file's nodes, categories and providers; on a name both have, the fields the
+    /// file sets win; everything else stays.
     Merge,
     /// Nodes, categories and providers become exactly the file's.
     Replace,
 }
 
-/// One line of an import preview.
+/// One field of an item that an import changes, as TOML values (`(unset)` when absent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldChange {
+    pub field: String,
+    pub old: String,
+    pub new: String,
+}
+
+/// One line of an import preview, with the fields it changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Change {
     /// "added" | "changed" | "removed"
@@ -32,6 +55,8 @@ pub struct Change {
     /// "node" | "category" | "provider" | "section"
     pub kind: &'static str,
     pub name: String,
+    /// Every field that differs, old -> new (for an added item: those not at their default).
+    pub fields: Vec<FieldChange>,
 }
 
 impl std::fmt::Display for Change {
@@ -45,58 +70,95 @@ impl std::fmt::Display for Change {
     }
 }
 
-/// The result of importing `incoming` into `base`: the config to run and what changes.
-/// Addresses (listeners, admin) and the store location stay the base's: they belong to the
-/// machine, not to the shared setup.
+/// A change that moves trust: where requests or a key may go, or what protects them. Applied
+/// only when accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TrustChange {
+    /// Stable for the same file on the same config: `kind:name:field`.
+    pub id: String,
+    pub kind: &'static str,
+    pub name: String,
+    /// The field, or "added" for a new item that is a trust change as a whole.
+    pub field: &'static str,
+    /// What it means, in words.
+    pub message: String,
+    pub accepted: bool,
+}
+
+/// Which trust changes a person confirmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accept {
+    /// Every trust change listed (`--accept-trust-changes`).
+    All,
+    /// These ids only; none when empty.
+    Ids(BTreeSet<String>),
+}
+
+impl Accept {
+    pub fn none() -> Self {
+        Self::Ids(BTreeSet::new())
+    }
+
+    fn accepts(&self, id: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Ids(ids) => ids.contains(id),
+        }
+    }
+}
+
+/// An import worked out: the config to run, what changes, the trust changes and which of them
+/// are held back, and notes for the person (keys that a provider will not get).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub next: Config,
+    /// Everything the file would change, trust changes included (whether held back: `trust`).
+    pub changes: Vec<Change>,
+    pub trust: Vec<TrustChange>,
+    pub held_back: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// Import the text of a shared file into `base`: parse it (every problem with its line), take
+/// only the keys it has, and hold back every trust change `accept` does not name.
+pub fn plan(base: &Config, text: &str, mode: ImportMode, accept: &Accept) -> Result<Plan, ConfigError> {
+    let incoming = Config::parse(text)?;
+    // `parse` accepted the text, so it is a TOML table.
+    let raw: toml::Table = toml::from_str(text).unwrap_or_default();
+    let proposed = propose(base, &incoming, Some(&raw), mode);
+    // The preview lists everything the file would change, held back or not.
+    let changes = diff(base, &proposed, mode);
+    let mut trust = trust_changes(base, &proposed);
+    let mut next = proposed;
+    let mut held_back = Vec::new();
+    for t in &mut trust {
+        t.accepted = accept.accepts(&t.id);
+        if !t.accepted {
+            hold_back(&mut next, base, t);
+            held_back.push(t.id.clone());
+        }
+    }
+    let notes = key_notes(base, &next);
+    Ok(Plan { next, changes, trust, held_back, notes })
+}
+
+/// The result of importing `incoming` (a whole config built in code: every section counts as
+/// present, and no trust change is held back) into `base`, and what changes. A shared file
+/// goes through [`plan`] instead. Addresses (listeners, admin) and the store location stay the
+/// base's: they belong to the machine, not to the shared setup.
 pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Vec<Change>) {
-    fn combine<T: Clone + PartialEq>(
-        kind: &'static str,
-        base: &[T],
-        incoming: &[T],
-        name: impl Fn(&T) -> &str,
-        mode: ImportMode,
-        changes: &mut Vec<Change>,
-    ) -> Vec<T> {
-        let mut out: Vec<T> = match mode {
-            ImportMode::Merge => base.to_vec(),
-            ImportMode::Replace => Vec::new(),
-        };
-        for item in incoming {
-            let n = name(item);
-            match base.iter().find(|b| name(b) == n) {
-                None => changes.push(Change { action: "added", kind, name: n.to_string() }),
-                Some(old) if old != item => changes.push(Change { action: "changed", kind, name: n.to_string() }),
-                Some(_) => {}
-            }
-            match out.iter_mut().find(|o| name(o) == n) {
-                Some(slot) => *slot = item.clone(),
-                None => out.push(item.clone()),
-            }
-        }
-        if mode == ImportMode::Replace {
-            for old in base.iter().filter(|b| !incoming.iter().any(|i| name(i) == name(b))) {
-                changes.push(Change { action: "removed", kind, name: name(old).to_string() });
-            }
-        }
-        out
-    }
-    let mut changes = Vec::new();
+    let next = propose(base, incoming, None, mode);
+    let changes = diff(base, &next, mode);
+    (next, changes)
+}
+
+/// `base` with the file's items: with `raw` (the file's own keys) a merge takes only the
+/// sections the file has and, for an item both have, only the fields the file sets.
+fn propose(base: &Config, incoming: &Config, raw: Option<&toml::Table>, mode: ImportMode) -> Config {
     let mut next = base.clone();
-    next.nodes = combine("node", &base.nodes, &incoming.nodes, |n| &n.name, mode, &mut changes);
-    next.categories = combine("category", &base.categories, &incoming.categories, |c| &c.name, mode, &mut changes);
-    next.providers = combine("provider", &base.providers, &incoming.providers, |p| &p.name, mode, &mut changes);
-    for (name, differs) in [
-        ("proxy", base.proxy != incoming.proxy),
-        ("health", base.health != incoming.health),
-        ("breaker", base.breaker != incoming.breaker),
-        ("retry", base.retry != incoming.retry),
-        ("queue", base.queue != incoming.queue),
-        ("alerts", base.alerts != incoming.alerts),
-    ] {
-        if differs && mode == ImportMode::Replace {
-            changes.push(Change { action: "changed", kind: "section", name: name.to_string() });
-        }
-    }
+    next.nodes = combine(&base.nodes, &incoming.nodes, section(raw, "nodes"), |n| &n.name, mode);
+    next.categories = combine(&base.categories, &incoming.categories, section(raw, "categories"), |c| &c.name, mode);
+    next.providers = combine(&base.providers, &incoming.providers, section(raw, "providers"), |p| &p.name, mode);
     if mode == ImportMode::Replace {
         next.proxy = incoming.proxy.clone();
         next.health = incoming.health.clone();
@@ -105,7 +167,299 @@ pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Ve
         next.queue = incoming.queue.clone();
         next.alerts = incoming.alerts.clone();
     }
-    (next, changes)
+    next
+}
+
+/// What the file says of one array section: `None` for "take every item whole" (no raw text),
+/// `Some(items)` for the file's own tables (empty when the file lacks the section).
+fn section<'a>(raw: Option<&'a toml::Table>, key: &str) -> Option<Vec<&'a toml::Table>> {
+    raw.map(|r| {
+        r.get(key)
+            .and_then(toml::Value::as_array)
+            .map_or_else(Vec::new, |a| a.iter().filter_map(toml::Value::as_table).collect())
+    })
+}
+
+fn combine<T: Clone + PartialEq + Serialize + DeserializeOwned>(
+    base: &[T],
+    incoming: &[T],
+    raw: Option<Vec<&toml::Table>>,
+    name: impl Fn(&T) -> &str,
+    mode: ImportMode,
+) -> Vec<T> {
+    if mode == ImportMode::Replace {
+        return incoming.to_vec();
+    }
+    let mut out = base.to_vec();
+    // With the file's text, only the items it lists (parse keeps their order, one for one).
+    let listed: Vec<(&T, Option<&toml::Table>)> = match &raw {
+        None => incoming.iter().map(|i| (i, None)).collect(),
+        Some(tables) => incoming.iter().zip(tables.iter().copied().map(Some)).collect(),
+    };
+    for (item, table) in listed {
+        match out.iter_mut().find(|o| name(o) == name(item)) {
+            Some(slot) => *slot = table.map_or_else(|| item.clone(), |t| overlay(slot, t, item)),
+            None => out.push(item.clone()),
+        }
+    }
+    out
+}
+
+fn table_of<T: Serialize>(v: &T) -> toml::Table {
+    match toml::Value::try_from(v) {
+        Ok(toml::Value::Table(t)) => t,
+        _ => toml::Table::new(),
+    }
+}
+
+/// `base` with the keys of `patch` set; `whole` (the file's item, defaults filled) if that
+/// cannot be built, which cannot happen for a patch the parser accepted as this type.
+fn overlay<T: Clone + Serialize + DeserializeOwned>(base: &T, patch: &toml::Table, whole: &T) -> T {
+    let mut t = table_of(base);
+    for (k, v) in patch {
+        t.insert(k.clone(), v.clone());
+    }
+    T::deserialize(toml::Value::Table(t)).unwrap_or_else(|_| whole.clone())
+}
+
+/// `item` with `field` as it is in `base` (absent there: absent here).
+fn restore_field<T: Clone + Serialize + DeserializeOwned>(item: &mut T, base: &T, field: &str) {
+    let mut t = table_of(item);
+    match table_of(base).remove(field) {
+        Some(v) => t.insert(field.to_string(), v),
+        None => t.remove(field),
+    };
+    if let Ok(v) = T::deserialize(toml::Value::Table(t)) {
+        *item = v;
+    }
+}
+
+fn render(v: Option<&toml::Value>) -> String {
+    v.map_or_else(|| "(unset)".to_string(), ToString::to_string)
+}
+
+/// Every field that differs between `old` and `new`, in `new`'s order.
+fn fields<T: Serialize>(old: &T, new: &T) -> Vec<FieldChange> {
+    let (old, new) = (table_of(old), table_of(new));
+    let mut keys: Vec<&String> = new.keys().collect();
+    keys.extend(old.keys().filter(|k| !new.contains_key(*k)));
+    keys.into_iter()
+        .filter(|k| old.get(*k) != new.get(*k))
+        .map(|k| FieldChange { field: k.clone(), old: render(old.get(k)), new: render(new.get(k)) })
+        .collect()
+}
+
+/// What changes from `base` to `next`, item by item, with every field.
+fn diff(base: &Config, next: &Config, mode: ImportMode) -> Vec<Change> {
+    let mut changes = Vec::new();
+    list_diff("node", &base.nodes, &next.nodes, |n| &n.name, &mut changes);
+    list_diff("category", &base.categories, &next.categories, |c| &c.name, &mut changes);
+    list_diff("provider", &base.providers, &next.providers, |p| &p.name, &mut changes);
+    if mode == ImportMode::Replace {
+        let sections = [
+            ("proxy", fields(&base.proxy, &next.proxy)),
+            ("health", fields(&base.health, &next.health)),
+            ("breaker", fields(&base.breaker, &next.breaker)),
+            ("retry", fields(&base.retry, &next.retry)),
+            ("queue", fields(&base.queue, &next.queue)),
+            ("alerts", fields(&base.alerts, &next.alerts)),
+        ];
+        for (name, f) in sections.into_iter().filter(|(_, f)| !f.is_empty()) {
+            changes.push(Change { action: "changed", kind: "section", name: name.into(), fields: f });
+        }
+    }
+    changes
+}
+
+fn list_diff<T: Default + PartialEq + Serialize>(
+    kind: &'static str,
+    base: &[T],
+    next: &[T],
+    name: impl Fn(&T) -> &str,
+    out: &mut Vec<Change>,
+) {
+    for item in next {
+        let n = name(item).to_string();
+        match base.iter().find(|b| name(b) == n) {
+            None => out.push(Change { action: "added", kind, name: n, fields: fields(&T::default(), item) }),
+            Some(old) if old != item => {
+                out.push(Change { action: "changed", kind, name: n, fields: fields(old, item) })
+            }
+            Some(_) => {}
+        }
+    }
+    for old in base.iter().filter(|b| !next.iter().any(|i| name(i) == name(b))) {
+        out.push(Change { action: "removed", kind, name: name(old).to_string(), fields: Vec::new() });
+    }
+}
+
+fn trust(kind: &'static str, name: &str, field: &'static str, message: String) -> TrustChange {
+    TrustChange { id: format!("{kind}:{name}:{field}"), kind, name: name.to_string(), field, message, accepted: false }
+}
+
+fn listed(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// The trust changes from `base` to `next`, each in words.
+fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
+    let mut out = Vec::new();
+    for n in &next.nodes {
+        if let Some(old) = base.nodes.iter().find(|o| o.name == n.name).filter(|o| o.url != n.url) {
+            out.push(trust(
+                "node",
+                &n.name,
+                "url",
+                format!(
+                    "node {} would receive requests (prompts included) at {} instead of {}",
+                    n.name, n.url, old.url
+                ),
+            ));
+        }
+    }
+    for p in &next.providers {
+        let Some(old) = base.providers.iter().find(|o| o.name == p.name) else { continue };
+        if old.base_url != p.base_url {
+            out.push(trust("provider", &p.name, "base_url", format!(
+                "provider {} would send requests to {} instead of {}; its key is not sent there until a person re-confirms it (corral secret bind)",
+                p.name, p.base_url, old.base_url)));
+        }
+        if old.secret != p.secret {
+            let was = if old.secret.is_empty() { "no key".to_string() } else { format!("\"{}\"", old.secret) };
+            out.push(trust(
+                "provider",
+                &p.name,
+                "secret",
+                format!("provider {} would send keyring entry \"{}\" as its API key (was {was})", p.name, p.secret),
+            ));
+        }
+    }
+    for c in &next.categories {
+        match base.categories.iter().find(|o| o.name == c.name) {
+            None if c.cloud != super::CloudPermission::Never => out.push(trust(
+                "category",
+                &c.name,
+                "added",
+                format!(
+                    "new category {} may send requests (models: {}) to cloud providers ({})",
+                    c.name,
+                    listed(&c.models),
+                    listed(&c.providers)
+                ),
+            )),
+            None => {}
+            Some(old) => category_trust(old, c, &mut out),
+        }
+    }
+    out
+}
+
+fn category_trust(old: &super::CategoryConfig, c: &super::CategoryConfig, out: &mut Vec<TrustChange>) {
+    use super::CloudPermission::Never;
+    if old.cloud == Never && c.cloud != Never {
+        out.push(trust(
+            "category",
+            &c.name,
+            "cloud",
+            format!(
+                "category {} would send requests to cloud providers when local nodes cannot serve them (was never)",
+                c.name
+            ),
+        ));
+    }
+    if old.redact && !c.redact {
+        out.push(trust(
+            "category",
+            &c.name,
+            "redact",
+            format!(
+                "category {} would stop masking personal data before a request leaves for a cloud provider",
+                c.name
+            ),
+        ));
+    }
+    if old.providers != c.providers {
+        out.push(trust(
+            "category",
+            &c.name,
+            "providers",
+            format!(
+                "category {} would fall back to providers {} instead of {}",
+                c.name,
+                listed(&c.providers),
+                listed(&old.providers)
+            ),
+        ));
+    }
+    if old.order != c.order {
+        out.push(trust(
+            "category",
+            &c.name,
+            "order",
+            format!("category {} would prefer nodes {} instead of {}", c.name, listed(&c.order), listed(&old.order)),
+        ));
+    }
+    if old.models != c.models {
+        out.push(trust(
+            "category",
+            &c.name,
+            "models",
+            format!(
+                "category {} would take requests for models {} instead of {}",
+                c.name,
+                listed(&c.models),
+                listed(&old.models)
+            ),
+        ));
+    }
+}
+
+/// Undo one trust change in `next`: the field goes back to `base`'s value, a new item is left out.
+fn hold_back(next: &mut Config, base: &Config, t: &TrustChange) {
+    fn undo<T: Clone + Serialize + DeserializeOwned>(
+        items: &mut Vec<T>,
+        base: &[T],
+        name: impl Fn(&T) -> &str,
+        t: &TrustChange,
+    ) {
+        if t.field == "added" {
+            items.retain(|i| name(i) != t.name);
+        } else if let (Some(item), Some(old)) =
+            (items.iter_mut().find(|i| name(i) == t.name), base.iter().find(|b| name(b) == t.name))
+        {
+            restore_field(item, old, t.field);
+        }
+    }
+    match t.kind {
+        "node" => undo(&mut next.nodes, &base.nodes, |n| &n.name, t),
+        "provider" => undo(&mut next.providers, &base.providers, |p| &p.name, t),
+        _ => undo(&mut next.categories, &base.categories, |c| &c.name, t),
+    }
+}
+
+/// Providers that will have no key after the import: new ones, and those whose origin changed
+/// (a key is bound to the origin it was stored for and never follows a provider elsewhere).
+fn key_notes(base: &Config, next: &Config) -> Vec<String> {
+    let origin = |u: &str| crate::secrets::origin_of(u).unwrap_or_else(|_| u.to_string());
+    next.providers
+        .iter()
+        .filter(|p| !p.secret.is_empty())
+        .filter(|p| {
+            base.providers
+                .iter()
+                .find(|o| o.name == p.name)
+                .is_none_or(|o| origin(&o.base_url) != origin(&p.base_url) || o.secret != p.secret)
+        })
+        .map(|p| {
+            format!(
+            "provider {} gets key \"{}\" only if it is bound to {}: confirm with `corral secret bind {} --origin {}`",
+            p.name, p.secret, origin(&p.base_url), p.secret, p.base_url)
+        })
+        .collect()
 }
 
 /// Secret names a config refers to (values live in the OS keyring, never in the file).
@@ -149,8 +503,8 @@ mod tests {
         let (next, changes) = import(&base, &incoming, ImportMode::Merge);
         let names: Vec<_> = next.nodes.iter().map(|n| (n.name.as_str(), n.url.as_str())).collect();
         assert_eq!(names, vec![("a", "http://a:1"), ("b", "http://b:2"), ("c", "http://c:1")]);
-        assert!(changes.contains(&Change { action: "changed", kind: "node", name: "b".into() }));
-        assert!(changes.contains(&Change { action: "added", kind: "node", name: "c".into() }));
+        assert!(changes.iter().any(|c| (c.action, c.kind, c.name.as_str()) == ("changed", "node", "b")));
+        assert!(changes.iter().any(|c| (c.action, c.kind, c.name.as_str()) == ("added", "node", "c")));
         assert_eq!(next.listeners, base.listeners, "addresses belong to the machine");
     }
 
@@ -160,7 +514,62 @@ mod tests {
         let incoming = Config { nodes: vec![node("b", "http://b:1")], ..Config::default() };
         let (next, changes) = import(&base, &incoming, ImportMode::Replace);
         assert_eq!(next.nodes.len(), 1);
-        assert_eq!(changes, vec![Change { action: "removed", kind: "node", name: "a".into() }]);
+        assert_eq!(changes, vec![Change { action: "removed", kind: "node", name: "a".into(), fields: Vec::new() }]);
+    }
+
+    const MINE: &str = "[[nodes]]\nname = \"gpu1\"\nurl = \"http://10.0.0.1:11434\"\nweight = 2\n\n[[categories]]\nname = \"private\"\ncloud = \"never\"\nredact = true\n\n[[providers]]\nname = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nsecret = \"openai\"\n";
+
+    #[test]
+    fn a_merge_takes_only_what_the_file_says() {
+        let base = Config::parse(MINE).expect("mine");
+        let file = "[[providers]]\nname = \"backup\"\nbase_url = \"https://backup.example/v1\"\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::none()).expect("plan");
+        assert_eq!(p.next.nodes, base.nodes, "no node `local` appears");
+        assert_eq!(p.next.categories, base.categories, "no category is reset to its defaults");
+        assert_eq!(p.changes.len(), 1, "{:?}", p.changes);
+        assert_eq!((p.changes[0].action, p.changes[0].kind), ("added", "provider"));
+        let p = plan(
+            &base,
+            "[[nodes]]\nname = \"gpu1\"\nurl = \"http://10.0.0.1:11434\"\nenabled = false\n",
+            ImportMode::Merge,
+            &Accept::none(),
+        )
+        .expect("plan");
+        assert_eq!(p.next.nodes[0].weight, 2, "a field the file does not set keeps its value");
+        assert!(!p.next.nodes[0].enabled);
+        assert_eq!(
+            p.changes[0].fields,
+            vec![FieldChange { field: "enabled".into(), old: "true".into(), new: "false".into() }]
+        );
+    }
+
+    #[test]
+    fn trust_changes_are_held_back_until_accepted_one_by_one() {
+        let base = Config::parse(MINE).expect("mine");
+        let file = "[[nodes]]\nname = \"gpu1\"\nurl = \"http://evil:11434\"\nweight = 5\n\n[[categories]]\nname = \"private\"\ncloud = \"on-failure\"\nredact = false\nproviders = [\"openai\"]\n\n[[providers]]\nname = \"openai\"\nbase_url = \"https://evil.example/v1\"\nsecret = \"admin-key\"\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::none()).expect("plan");
+        let ids: Vec<&str> = p.trust.iter().map(|t| t.id.as_str()).collect();
+        for id in [
+            "node:gpu1:url",
+            "provider:openai:base_url",
+            "provider:openai:secret",
+            "category:private:cloud",
+            "category:private:redact",
+            "category:private:providers",
+        ] {
+            assert!(ids.contains(&id), "{id} is named: {ids:?}");
+        }
+        assert_eq!(p.held_back.len(), p.trust.len());
+        assert_eq!(p.next.nodes[0].url, "http://10.0.0.1:11434", "the URL stays");
+        assert_eq!(p.next.nodes[0].weight, 5, "the rest applies");
+        assert_eq!(p.next.categories, base.categories);
+        assert_eq!(p.next.providers, base.providers);
+        let one = Accept::Ids(["node:gpu1:url".to_string()].into_iter().collect());
+        let p = plan(&base, file, ImportMode::Merge, &one).expect("plan");
+        assert_eq!(p.next.nodes[0].url, "http://evil:11434");
+        assert_eq!(p.next.categories, base.categories, "only the accepted change applies");
+        let all = plan(&base, file, ImportMode::Merge, &Accept::All).expect("plan");
+        assert!(all.held_back.is_empty() && !all.next.categories[0].redact);
     }
 
     #[test]

@@ -79,6 +79,7 @@ impl Config {
         nodes(self, &mut out);
         categories(self, &mut out);
         providers(self, &mut out);
+        secret_owners(self, &mut out);
         nonzero(self, &mut out);
         connections(self, &mut out);
         alerts(self, &mut out);
@@ -260,6 +261,42 @@ fn categories(c: &Config, out: &mut Found) {
             if m.is_empty() {
                 push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
             }
+        }
+    }
+}
+
+/// Secrets have owners: a provider may only name a provider key, never a client key (a
+/// listener's `api_keys`) or one of Corral's internal entries (the admin token); a client key
+/// is never an internal entry either. The keyring enforces the same at lookup; this says it
+/// early, with the path, so a hostile shared file is refused before anything runs it.
+fn secret_owners(c: &Config, out: &mut Found) {
+    for (i, p) in c.providers.iter().enumerate() {
+        if crate::secrets::is_internal(&p.secret) {
+            push(
+                out,
+                format!("providers[{i}].secret"),
+                format!("\"{}\" is Corral's internal admin token, not a provider key; a provider may only use a provider key (store one with `corral secret set NAME`)", p.secret),
+            );
+            continue;
+        }
+        let client = c.listeners.iter().enumerate().find_map(|(l, listener)| {
+            listener.api_keys.iter().position(|k| !p.secret.is_empty() && *k == p.secret).map(|j| (l, j))
+        });
+        if let Some((l, j)) = client {
+            push(
+                out,
+                format!("providers[{i}].secret"),
+                format!("\"{}\" is a client key (listeners[{l}].api_keys[{j}]), not a provider key; a provider may only use a provider key", p.secret),
+            );
+        }
+    }
+    for (i, l) in c.listeners.iter().enumerate() {
+        for (j, k) in l.api_keys.iter().enumerate().filter(|(_, k)| crate::secrets::is_internal(k)) {
+            push(
+                out,
+                format!("listeners[{i}].api_keys[{j}]"),
+                format!("\"{k}\" is Corral's internal admin token, not a client key"),
+            );
         }
     }
 }

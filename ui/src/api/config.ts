@@ -11,11 +11,17 @@ export function exportConfig(): Promise<string> {
 
 /**
  * `POST /admin/config/import?mode=...&dry_run=...`: the changes and the keys needed; unless a
- * dry run, also the swap. A file that would not validate fails with its `problems`.
+ * dry run, also the swap. A file that would not validate fails with its `problems`. Trust
+ * changes apply only when their ids are in `accept`; the answer lists those `held_back`.
  */
-export function importConfig(toml: string, mode: ImportMode, opts: { dryRun?: boolean } = {}): Promise<ImportResult> {
+export function importConfig(
+  toml: string,
+  mode: ImportMode,
+  opts: { dryRun?: boolean; accept?: string[] } = {},
+): Promise<ImportResult> {
+  const accept = opts.accept?.length ? opts.accept.join(",") : undefined;
   return call<ImportResult>("POST", "/admin/config/import", {
-    query: { mode, dry_run: opts.dryRun ? true : undefined },
+    query: { mode, dry_run: opts.dryRun ? true : undefined, accept },
     text: toml,
   });
 }

@@ -17,3 +17,8 @@ export function setSecret(name: string, value: string): Promise<void> {
 export function deleteSecret(name: string): Promise<void> {
   return call<void>("DELETE", `/admin/secrets/${seg(name)}`);
 }
+
+/** `POST /admin/secrets/{name}/bind`: a person confirms the key may go to `provider`'s origin. */
+export function bindSecret(name: string, provider: string): Promise<{ name: string; bound: string; origins: string[] }> {
+  return call("POST", `/admin/secrets/${seg(name)}/bind`, { json: { provider } });
+}

@@ -112,11 +112,15 @@ export interface Provider {
 }
 
 /** Whether a provider's key is in the keyring (`none`: the provider names no key). */
-export type SecretState = "set" | "missing" | "unknown" | "none";
+export type SecretState = "set" | "missing" | "unknown" | "none" | "unbound" | "wrong_purpose";
 
 /** A provider as `GET /admin/providers` lists it: its config and whether its key is set. */
 export interface ListedProvider extends Provider {
   secret_state: SecretState;
+  /** `scheme://host:port` of `base_url`: where its key would be sent. */
+  origin?: string | null;
+  /** The origins its key is bound to (`unbound`: not this provider's). */
+  bound_origins?: string[];
 }
 
 /** `POST /admin/providers/{name}/test`: one token asked of the provider with its key. */
@@ -251,12 +255,28 @@ export interface Change {
   action: "added" | "changed" | "removed";
   kind: "node" | "category" | "provider" | "section";
   name: string;
+  /** Every changed field, old -> new, as TOML values. */
+  fields: { field: string; old: string; new: string }[];
+}
+
+/** A change that moves trust (a URL, cloud permission, redaction, a key, where traffic goes). */
+export interface TrustChange {
+  id: string;
+  kind: string;
+  name: string;
+  field: string;
+  message: string;
+  accepted: boolean;
 }
 
 export interface ImportResult {
   mode: ImportMode;
   dry_run: boolean;
   changes: Change[];
+  /** Applied only when accepted by id; the others are `held_back`. */
+  trust: TrustChange[];
+  held_back: string[];
+  notes: string[];
   /** Keyring entries the resulting config names. */
   secrets_needed: string[];
 }
