@@ -96,7 +96,7 @@ impl ClientKeys {
 /// be read is left out, so its listener fails closed for that client.
 pub async fn load(names: BTreeSet<String>) -> Vec<(String, String)> {
     let got = tokio::task::spawn_blocking(move || {
-        names.into_iter().map(|n| (crate::secrets::get(&n), n)).collect::<Vec<_>>()
+        names.into_iter().map(|n| (crate::secrets::client_key(&n), n)).collect::<Vec<_>>()
     })
     .await;
     let Ok(got) = got else { return Vec::new() };

@@ -444,6 +444,22 @@ pub fn get(name: &str) -> Result<String, SecretError> {
     Err(SecretError::NotFound(name.to_string()))
 }
 
+/// The value of a client key: from the client namespace, or an unclaimed entry stored before
+/// namespaces. Never a provider's key or an internal entry, so a listener's `api_keys` cannot
+/// turn a provider key into a way in.
+pub fn client_key(name: &str) -> Result<String, SecretError> {
+    check_name(name)?;
+    if is_internal(name) {
+        return Err(SecretError::Reserved(name.to_string()));
+    }
+    for service in [Purpose::Client.service(), LEGACY] {
+        if let Some(v) = raw_get(service, name)? {
+            return Ok(v);
+        }
+    }
+    Err(SecretError::NotFound(name.to_string()))
+}
+
 /// Whether `name` has a value (without handing the value out).
 pub fn is_set(name: &str) -> Result<bool, SecretError> {
     match get(name) {

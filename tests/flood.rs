@@ -257,7 +257,7 @@ async fn connections_over_the_per_address_cap_get_a_503_and_one_log_line() {
 
 /// Starts a 31 MiB upload, sends 1 MiB of it, then stalls.
 async fn stalled_upload(to: SocketAddr) -> TcpStream {
-    let head = "POST /api/chat HTTP/1.1\r\nHost: corral\r\nContent-Type: application/json\r\n\
+    let head = "POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
                 Content-Length: 32505856\r\n\r\n{\"model\":\"llama3.2\",\"pad\":\"";
     let mut tcp = hold(Ipv4Addr::new(127, 0, 0, 3), to, head.as_bytes()).await.expect("connects");
     tcp.write_all(&vec![b'a'; 1 << 20]).await.expect("first MiB");

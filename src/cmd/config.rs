@@ -220,4 +220,3 @@ fn claim_before_write(base: &Config, next: &Config) -> Result<(), ExitCode> {
     eprintln!("warning: keys stored before keyring namespaces were not claimed ({}): {e}", e.code());
     Ok(())
 }
-

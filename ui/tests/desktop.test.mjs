@@ -149,7 +149,7 @@ test("a node toggle in the window disables the node in the broker", { skip }, as
 test("screens for the README: a node down, the rules editor, an import preview", { skip }, async () => {
   await wd.click("[data-screen=overview]");
   for (let i = 0; i < 24; i++) {
-    const r = await fetch(`${proxy}/api/chat`, { method: "POST", body: JSON.stringify({ model: "llama3.2", stream: i % 2 === 0, messages: [{ role: "user", content: `q${i}` }] }) });
+    const r = await fetch(`${proxy}/api/chat`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model: "llama3.2", stream: i % 2 === 0, messages: [{ role: "user", content: `q${i}` }] }) });
     await r.text();
   }
   sims[1].stop();

@@ -76,7 +76,7 @@ export async function cluster() {
       }
     },
     async chat(model = "llama3.2") {
-      const r = await fetch(proxy + "/api/chat", { method: "POST", body: JSON.stringify({ model, stream: false, messages: [{ role: "user", content: "hi" }] }) });
+      const r = await fetch(proxy + "/api/chat", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ model, stream: false, messages: [{ role: "user", content: "hi" }] }) });
       await r.text();
       return r;
     },
