@@ -201,7 +201,9 @@ impl Shared {
                         self.registry.remove(&n.name);
                     }
                     match self.registry.add(n.clone()) {
-                        Ok(_) => tracing::info!(node = %n.name, url = %n.url, "node added"),
+                        Ok(_) => {
+                            tracing::info!(node = %n.name, url = %crate::config::redacted_url(&n.url), "node added")
+                        }
                         Err(e) => tracing::error!(node = %n.name, error = %e, "node not added"),
                     }
                 }

@@ -8,6 +8,20 @@
 
 mod common;
 
+/// Print a measured figure, and keep it where CI prints it after the run (scripts/test), since
+/// cargo hides the output of passing tests.
+macro_rules! figure {
+    ($($arg:tt)*) => {{
+        let line = format!($($arg)*);
+        println!("{line}");
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability-figures.txt");
+        if let Ok(mut file) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            use std::io::Write;
+            let _ = writeln!(file, "{line}");
+        }
+    }};
+}
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -162,7 +176,7 @@ async fn connections_that_never_send_a_request_head_are_closed_within_the_head_t
         for (kind, first) in kinds() {
             let mut tcp = hold(attacker, to, &first).await.expect("connects");
             let closed = closed_within(&mut tcp, Duration::from_secs(3)).await;
-            println!(
+            figure!(
                 "FLOOD | head timeout 500 ms | {listener} | {kind} | closed after {:?}",
                 closed.as_ref().map(|c| c.0)
             );
@@ -204,7 +218,7 @@ async fn five_thousand_idle_connections_leave_chat_and_admin_answering() {
     let (status, chat_took) = chat(&client, corral.proxy).await.expect("the chat is answered");
     let (admin_status, admin_took) = healthz(&reqwest::Client::new(), corral.admin).await;
     let rss_during = rss_mib(pid);
-    println!(
+    figure!(
         "FLOOD | 5,000 idle/half-open connections from 10 addresses (opened in {opened:?}, {failed} failed) | \
          broker fds {fds_before} -> {fds_during} | chat {status} in {chat_took:?} | admin /healthz {admin_status} in {admin_took:?} | \
          RSS {rss_before} -> {rss_during} MiB"
@@ -216,7 +230,7 @@ async fn five_thousand_idle_connections_leave_chat_and_admin_answering() {
     assert!(rss_during < 300, "RSS {rss_during} MiB with 5,000 connections open");
     // The broker lets them go at the head timeout, without the attacker closing anything.
     let released = until(Duration::from_secs(25), || open_fds(pid) < fds_before + 50).await;
-    println!("FLOOD | after the 15 s head timeout: broker fds {} (released: {released})", open_fds(pid));
+    figure!("FLOOD | after the 15 s head timeout: broker fds {} (released: {released})", open_fds(pid));
     assert!(released, "the held connections were closed by the broker's head timeout");
     drop(held);
 }
@@ -245,7 +259,7 @@ async fn connections_over_the_per_address_cap_get_a_503_and_one_log_line() {
     let (status, took) = chat(&client, corral.proxy).await.expect("the owner's chat is answered");
     let lines: Vec<String> = corral.serve.lines_so_far();
     let logged = lines.iter().filter(|l| l.contains("connection cap reached")).count();
-    println!(
+    figure!(
         "FLOOD | 60 connections from one address, cap 20 | held {} | refused {refused} with 503 | log lines {logged} | \
          owner's chat {status} in {took:?}",
         held.len()
@@ -281,7 +295,7 @@ async fn stalled_uploads_get_408_after_the_body_timeout() {
     }
     let took = started.elapsed();
     let timed_out = answers.iter().flatten().filter(|a| a.starts_with("HTTP/1.1 408 ")).count();
-    println!(
+    figure!(
         "FLOOD | 10 stalled 31 MiB uploads, body timeout 500 ms | {timed_out} got 408 within {took:?} | RSS {before} -> {} MiB (peak {} MiB)",
         rss_mib(pid),
         peak_rss_mib(pid)
@@ -343,7 +357,7 @@ async fn four_30_mib_bodies_at_once_stay_under_300_mib_and_admin_answers() {
         statuses.push(status);
     }
     let peak = peak_rss_mib(pid);
-    println!(
+    figure!(
         "FLOOD | four {size_mib:.1} MiB JSON bodies at once | answered {statuses:?} in {:?} | RSS {before} MiB before, \
          peak {peak} MiB (peak before {peak_before} MiB) | admin /healthz {probes} probes, slowest {slowest:?}",
         started.elapsed()

@@ -9,6 +9,74 @@ fn cases() -> u32 {
     std::env::var("CORRAL_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000)
 }
 
+/// A value for a TOML key: the fixed tricky ones above, or any string, integer, float or list.
+fn any_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(|f| format!("{f:?}")),
+        "[ -~]{0,24}".prop_map(|t| format!("{t:?}")),
+        "(https?|ftp|file)://[a-z0-9.:@/%-]{0,30}".prop_map(|t| format!("{t:?}")),
+        prop::collection::vec("[a-z0-9*.-]{0,10}", 0..4).prop_map(|v| format!("{v:?}")),
+        any::<bool>().prop_map(|b| b.to_string()),
+    ]
+}
+
+/// Near-valid shared files over every section and key a real file has, with any values.
+fn shared_file() -> impl Strategy<Value = String> {
+    let section = prop::sample::select(vec![
+        ("[[nodes]]", vec!["name", "url", "kind", "weight", "max_concurrency", "enabled"]),
+        (
+            "[[categories]]",
+            vec![
+                "name",
+                "policy",
+                "priority",
+                "queue_timeout_ms",
+                "cloud",
+                "providers",
+                "redact",
+                "models",
+                "affinity",
+                "order",
+                "redact_max_bytes",
+            ],
+        ),
+        ("[[providers]]", vec!["name", "base_url", "secret", "connect_timeout_ms", "first_byte_timeout_ms"]),
+        ("[[listeners]]", vec!["addr", "origin", "category", "api_keys", "categories", "allowed_origins", "model_ops"]),
+        ("[admin]", vec!["addr", "max_connections", "max_connections_per_ip"]),
+        (
+            "[proxy]",
+            vec!["max_body_bytes", "first_byte_timeout_ms", "idle_timeout_ms", "context_guard", "max_connections"],
+        ),
+        ("[queue]", vec!["max_requests", "max_bytes", "remote_share", "remote_max_wait_ms", "max_model_ops"]),
+        ("[retry]", vec!["max_attempts", "budget_ratio", "backoff_base_ms", "backoff_cap_ms"]),
+        ("[health]", vec!["interval_ms", "timeout_ms", "failures_to_down", "readiness_model"]),
+        ("[breaker]", vec!["failures_to_open", "cooldown_ms", "trial_requests"]),
+    ]);
+    let entry = (section, prop::collection::vec((any::<prop::sample::Index>(), any_value()), 0..6));
+    prop::collection::vec(entry, 0..7).prop_map(|sections| {
+        sections
+            .into_iter()
+            .map(|((header, keys), kvs)| {
+                let body: String = kvs.into_iter().map(|(i, v)| format!("{} = {v}\n", i.get(&keys))).collect();
+                format!("{header}\n{body}\n")
+            })
+            .collect()
+    })
+}
+
+/// A running config to import into: the defaults, or one with nodes, a provider and a
+/// category that may use it.
+fn base_config(populated: bool) -> corral::Config {
+    if !populated {
+        return corral::Config::default();
+    }
+    corral::Config::parse(
+        "[[nodes]]\nname = \"gpu1\"\nurl = \"http://127.0.0.1:11434\"\n\n[[providers]]\nname = \"openai\"\nbase_url = \"https://api.openai.com/v1\"\nsecret = \"openai\"\n\n[[categories]]\nname = \"default\"\n\n[[categories]]\nname = \"private\"\ncloud = \"never\"\n\n[[categories]]\nname = \"public\"\ncloud = \"on-failure\"\nproviders = [\"openai\"]\n",
+    )
+    .unwrap_or_default()
+}
+
 fn toml_ish() -> impl Strategy<Value = String> {
     let key = prop::sample::select(vec![
         "name",
@@ -147,15 +215,26 @@ proptest! {
     }
 
     #[test]
-    fn importing_near_valid_files_never_panics_and_never_yields_an_invalid_config(text in toml_ish(), replace in any::<bool>()) {
-        let base = corral::Config::default();
-        if let Ok(incoming) = corral::Config::parse(&text) {
-            let mode = if replace { corral::config::ImportMode::Replace } else { corral::config::ImportMode::Merge };
-            let (next, changes) = corral::config::import(&base, &incoming, mode);
-            // What the import would run is validated before it is applied (admin and CLI do so);
-            // here: computing it never panics and every change names something.
-            let _ = next.validate();
-            prop_assert!(changes.iter().all(|c| !c.name.is_empty() || c.kind == "section"));
+    fn importing_near_valid_files_never_panics_and_never_yields_an_invalid_config(
+        text in prop_oneof![toml_ish(), shared_file()],
+        replace in any::<bool>(),
+        accept_all in any::<bool>(),
+        populated in any::<bool>(),
+    ) {
+        let base = base_config(populated);
+        prop_assert!(base.validate().is_empty(), "the base is valid");
+        let mode = if replace { corral::config::ImportMode::Replace } else { corral::config::ImportMode::Merge };
+        let accept = if accept_all { corral::config::Accept::All } else { corral::config::Accept::none() };
+        // The path the CLI and the admin API take: a file that does not parse is refused with
+        // its problems; one that does yields a config that validates, whichever trust changes
+        // are held back, and every change names what it changes.
+        match corral::config::plan(&base, &text, mode, &accept) {
+            Err(e) => prop_assert!(!e.problems.is_empty(), "a refusal says why"),
+            Ok(plan) => {
+                let problems = plan.next.validate();
+                prop_assert!(problems.is_empty(), "import of {text:?} yields an invalid config: {problems:?}");
+                prop_assert!(plan.changes.iter().all(|c| !c.name.is_empty() || c.kind == "section"));
+            }
         }
     }
 

@@ -16,7 +16,7 @@ use super::{commit, validate, AdminError, AdminState};
 use crate::config::{Accept, ImportMode};
 
 pub(super) async fn export(State(s): State<AdminState>) -> Response {
-    let text = crate::config::export_text(&s.shared.config());
+    let text = crate::config::share_text(&s.shared.config());
     ([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], text).into_response()
 }
 

@@ -21,7 +21,7 @@ pub(super) fn node_json(n: &Node) -> Value {
     let now = tokio::time::Instant::now();
     json!({
         "name": n.name(),
-        "url": n.config.url,
+        "url": crate::config::redacted_url(&n.config.url),
         "kind": n.config.kind,
         "state": n.state(),
         "health": n.health(),

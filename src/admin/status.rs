@@ -33,12 +33,14 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
         "accepting": s.shared.accepting(),
+        // Names and last use only: a key's value never leaves the keyring through the API.
+        "client_keys": s.shared.client_keys.info(),
         "fallback": {
             "share": share,
             "requests": requests,
             "window_ms": config.alerts.fallback_window_ms,
             "alert_share": config.alerts.fallback_share,
-            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "secret": p.secret })).collect::<Vec<_>>(),
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": crate::config::redacted_url(&p.base_url), "secret": p.secret })).collect::<Vec<_>>(),
         },
     }))
 }
@@ -189,7 +191,7 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "when": "no node has the model, every node tried failed before its first byte, or the queue was full or timed out; never after the first byte of a local answer",
             "never": "categories with cloud = \"never\" get 503 cloud_not_allowed (forwarded as the local failure was)",
             "all_failed": "502 cloud_failed with the local reason and each provider's",
-            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": p.base_url, "models": p.model_map })).collect::<Vec<_>>(),
+            "providers": config.providers.iter().map(|p| json!({ "name": p.name, "base_url": crate::config::redacted_url(&p.base_url), "models": p.model_map })).collect::<Vec<_>>(),
             "alert": { "fallback_share": config.alerts.fallback_share, "window_ms": config.alerts.fallback_window_ms, "min_requests": config.alerts.fallback_min_requests },
         },
         "classification": "category = X-Corral-Category header, else the listener's category, else the first category whose models patterns match the model, else \"default\"",

@@ -74,7 +74,7 @@ pub fn export(config: Option<&Path>, out: Option<&Path>) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let text = corral::config::export_text(&config);
+    let text = corral::config::share_text(&config);
     match out {
         None => {
             print!("{text}");

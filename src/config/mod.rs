@@ -24,7 +24,10 @@ pub use schema::{
     HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, Policy, ProviderConfig, ProxyConfig, QueueConfig,
     RetryConfig, StoreConfig, DEFAULT_ADMIN_ADDR, DEFAULT_NODE_URL, DEFAULT_PROXY_ADDR,
 };
-pub use share::{export_text, import, plan, secret_names, Accept, Change, FieldChange, ImportMode, Plan, TrustChange};
+pub use share::{
+    export_text, import, plan, redacted_url, secret_names, share_text, Accept, Change, FieldChange, ImportMode, Plan,
+    TrustChange,
+};
 pub use validate::{ConfigError, Problem};
 
 use validate::{line_of, Locator};

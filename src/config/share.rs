@@ -485,10 +485,47 @@ pub fn export_text(config: &Config) -> String {
     )
 }
 
+/// `url` with any password replaced by `***` (`http://user:***@host/`): what status, logs,
+/// errors and shared files show of a node or provider URL. Text that is not a URL is left as
+/// it is (validation reports it).
+pub fn redacted_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The config as a file to hand to someone else: `export_text` with credentials in node and
+/// provider URLs replaced by `***` (they are secrets too; put them back by hand after import).
+pub fn share_text(config: &Config) -> String {
+    let mut shared = config.clone();
+    for n in &mut shared.nodes {
+        n.url = redacted_url(&n.url);
+    }
+    for p in &mut shared.providers {
+        p.base_url = redacted_url(&p.base_url);
+    }
+    export_text(&shared)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::NodeConfig;
+
+    #[test]
+    fn shared_files_never_carry_url_credentials() {
+        assert_eq!(redacted_url("http://ops:hunter2@gpu1:11434/"), "http://ops:***@gpu1:11434/");
+        assert_eq!(redacted_url("http://gpu1:11434"), "http://gpu1:11434", "no password: unchanged");
+        assert_eq!(redacted_url("not a url"), "not a url");
+        let c = Config { nodes: vec![node("a", "http://ops:hunter2@gpu1:11434")], ..Config::default() };
+        let text = share_text(&c);
+        assert!(!text.contains("hunter2") && text.contains("ops:***@gpu1"), "{text}");
+        assert!(export_text(&c).contains("hunter2"), "the owner's own file keeps what they wrote");
+    }
 
     fn node(name: &str, url: &str) -> NodeConfig {
         NodeConfig { name: name.into(), url: url.into(), ..NodeConfig::default() }

@@ -548,6 +548,56 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Classification of any method and path never panics, and what it routes to a node is
+        /// always one of Ollama's or OpenAI's paths (anything else is "no route").
+        #[test]
+        fn any_request_line_is_classified_or_refused(
+            method in prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"]),
+            path in prop_oneof!["/[ -~]{0,40}", "/(api|v1)/[a-z/._%-]{0,30}", "/api/blobs/[a-z0-9:./%]{0,40}"],
+        ) {
+            let m = Method::from_bytes(method.as_bytes()).unwrap_or(Method::GET);
+            if let Some(e) = classify(&m, &path) {
+                let known = path == "/" || path.starts_with("/api/") || path.starts_with("/v1/");
+                prop_assert!(known, "{method} {path} classified as {e:?}");
+            }
+            let _ = crate::upstream::path_escapes(&path);
+        }
+
+        /// Any category header, listener default and model name lands in a configured category
+        /// or is refused with a client error; never a panic, never an unknown category.
+        #[test]
+        fn any_category_header_lands_in_a_known_category_or_is_refused(
+            header in "[ -~]{0,24}",
+            model in "[ -~]{0,40}",
+            restrict in any::<bool>(),
+        ) {
+            let mut config = Config::default();
+            config.categories.push(crate::config::CategoryConfig {
+                name: "embedding".into(),
+                models: vec!["*embed*".into()],
+                ..Default::default()
+            });
+            let listener = ListenerConfig {
+                categories: if restrict { vec!["default".into()] } else { Vec::new() },
+                ..ListenerConfig::default()
+            };
+            let mut h = HeaderMap::new();
+            if let Ok(v) = HeaderValue::from_str(&header) {
+                if !header.is_empty() {
+                    h.insert("x-corral-category", v);
+                }
+            }
+            match categorize(&config, &listener, &h, Some(&model)) {
+                Ok(c) => prop_assert!(config.category(&c).is_some(), "{c} is configured"),
+                Err(e) => prop_assert!(e.status().is_client_error(), "{e}"),
+            }
+        }
+    }
 
     #[test]
     fn glob_matches_like_a_shell() {
