@@ -365,3 +365,49 @@ async fn four_30_mib_bodies_at_once_stay_under_300_mib_and_admin_answers() {
     assert!(peak < 300, "peak RSS {peak} MiB with four 30 MiB bodies");
     assert!(slowest < Duration::from_secs(1), "admin /healthz took {slowest:?} during the uploads");
 }
+
+/// The acceptance of issue 12 in one run: 5,000 idle and half-open connections held while four
+/// 30 MiB bodies upload; a normal chat and admin /healthz still answer within 1 s, and RSS
+/// stays under 300 MiB.
+#[tokio::test(flavor = "multi_thread")]
+async fn chat_and_admin_answer_under_5000_idle_connections_and_four_30_mib_bodies_at_once() {
+    let corral = start("combined", "header_read_timeout_ms = 20000", "");
+    let pid = corral.pid();
+    let client = reqwest::Client::new();
+    corral.warm_up(&client).await;
+    let mut held = Vec::new();
+    for i in 0..5_000usize {
+        let from = Ipv4Addr::new(127, 0, 0, 2 + (i % 10) as u8);
+        if let Ok(tcp) = hold(from, corral.proxy, &kinds()[i % 4].1).await {
+            held.push(tcp);
+        }
+    }
+    let uploads: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, url, body) = (client.clone(), format!("http://{}/api/chat", corral.proxy), big_body(i));
+            tokio::spawn(async move {
+                let r = client.post(url).header("content-type", "application/json").body(body).send().await;
+                r.map(|r| r.status().as_u16()).unwrap_or(0)
+            })
+        })
+        .collect();
+    // Measured while the bodies are still being read.
+    let (status, chat_took) = chat(&client, corral.proxy).await.expect("the chat is answered");
+    let (admin_status, admin_took) = healthz(&reqwest::Client::new(), corral.admin).await;
+    let mut statuses = Vec::new();
+    for u in uploads {
+        statuses.push(u.await.expect("upload task"));
+    }
+    let peak = peak_rss_mib(pid);
+    figure!(
+        "FLOOD | {} idle connections + four 30 MiB bodies at once | chat {status} in {chat_took:?} | \
+         admin /healthz {admin_status} in {admin_took:?} | bodies answered {statuses:?} | peak RSS {peak} MiB",
+        held.len()
+    );
+    assert!(held.len() >= 4_900, "the flood was really there: {} connections held", held.len());
+    assert_eq!((status, admin_status), (200, 200));
+    assert!(chat_took < Duration::from_secs(1), "chat took {chat_took:?}");
+    assert!(admin_took < Duration::from_secs(1), "admin /healthz took {admin_took:?}");
+    assert!(peak < 300, "peak RSS {peak} MiB");
+    drop(held);
+}
