@@ -573,3 +573,23 @@ async fn a_client_that_trickles_its_headers_is_cut_off_and_others_are_served() {
     assert!(buf.is_empty() || head.starts_with("HTTP/1.1 408"), "closed, at most with a 408: {head:?}");
     assert_eq!(c.chat("llama3.2", false).await.status(), 200, "everyone else is served");
 }
+
+#[tokio::test]
+async fn retrieving_a_model_with_the_openai_sdk_never_makes_it_vanish() {
+    let c = cluster(2).start().await;
+    c.learn_models().await;
+    // The openai SDK's `models.retrieve("llama3.2")`.
+    let r = c.client.get(c.url("/v1/models/llama3.2")).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["object"], "model");
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("llama3.2")), "{v}");
+    let r = c.client.get(c.url("/v1/models/nope")).send().await.expect("answer");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["code"], "model_not_found");
+    // Nothing about it reached a node's routing table: every node still serves the model.
+    for i in 0..2 {
+        assert_eq!(c.node(i).serves("llama3.2"), Some(true), "node {i} still serves llama3.2");
+    }
+    assert_eq!(c.chat("llama3.2", false).await.status(), 200);
+}

@@ -107,6 +107,25 @@ pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> 
     Ok(axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })).into_response())
 }
 
+/// One entry of the merged `/v1/models` (`GET /v1/models/{model}`), or OpenAI's 404 for a
+/// model no node lists. A plain name finds its `:latest` entry, as on Ollama.
+pub(super) async fn v1_model(shared: &Shared, model: &str) -> Result<Response, BrokerError> {
+    let wanted = crate::config::model_key(model);
+    for (_, v) in gather(shared, "/v1/models").await?.iter() {
+        for m in entries(v, "data") {
+            let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
+            if id == model || crate::config::model_key(id) == wanted {
+                return Ok(axum::Json(m).into_response());
+            }
+        }
+    }
+    let error = json!({ "error": {
+        "message": format!("model \"{model}\" not found"),
+        "type": "invalid_request_error", "param": "model", "code": "model_not_found",
+    }});
+    Ok((http::StatusCode::NOT_FOUND, axum::Json(error)).into_response())
+}
+
 /// The nodes a model operation goes to: those named in `X-Corral-Node`, else every available
 /// node (for delete and copy: every available node that has the model).
 fn targets(

@@ -261,7 +261,7 @@ async fn not_found(
     translated: bool,
 ) -> Result<Attempt, AttemptFailed> {
     let body = upstream::read_small(resp, Duration::from_secs(2)).await;
-    if body.contains("not found") || body.contains("does not exist") {
+    if says_model_missing(&body) {
         // Stale model list (say, before the first deep probe): try a node that has it.
         if let Some(m) = &out.model {
             guard.node().forget_model(m);
@@ -271,6 +271,21 @@ async fn not_found(
     let body = if translated { native_error(body.as_bytes()).to_string() } else { body };
     guard.judge(Outcome::Success);
     Ok(Attempt::Whole(whole(StatusCode::NOT_FOUND, body)))
+}
+
+/// Whether a node's 404 body says the *model* is missing (Ollama: `{"error":"model \"x\" not
+/// found, try pulling it first"}`; OpenAI-compatible servers: an error object saying so), as
+/// opposed to the route: Go's mux answers an unknown path with the plain text "404 page not
+/// found", which says nothing about any model and must never make Corral forget one.
+fn says_model_missing(body: &str) -> bool {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else { return false };
+    let message = match &v["error"] {
+        serde_json::Value::String(m) => m.clone(),
+        serde_json::Value::Object(o) => o.get("message").and_then(|m| m.as_str()).unwrap_or_default().to_string(),
+        _ => return false,
+    };
+    let m = message.to_ascii_lowercase();
+    m.contains("model") && (m.contains("not found") || m.contains("does not exist"))
 }
 
 /// The answer's body (translated back for an OpenAI-compatible node) up to its first chunk.
@@ -322,6 +337,16 @@ mod tests {
 
     fn summarize_any(f: &[(String, AttemptFailed)]) -> BrokerError {
         summarize(f, None)
+    }
+
+    #[test]
+    fn only_a_404_about_a_model_means_the_model_is_missing() {
+        assert!(says_model_missing(r#"{"error":"model \"llama3.2\" not found, try pulling it first"}"#));
+        assert!(says_model_missing(
+            r#"{"error":{"message":"The model `x` does not exist","type":"invalid_request_error"}}"#
+        ));
+        assert!(!says_model_missing("404 page not found"), "Go's mux: an unknown route, not a model");
+        assert!(!says_model_missing(r#"{"error":"file not found"}"#), "not about a model");
     }
 
     #[test]

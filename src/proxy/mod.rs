@@ -59,6 +59,9 @@ enum Endpoint {
     Tags,
     Ps,
     V1Models,
+    /// `GET /v1/models/{model}` (the openai SDK's `models.retrieve`): answered from the merged
+    /// list, like Ollama answers it from its own.
+    V1Model,
     /// Pull, delete, copy, create: sent to the nodes named in `X-Corral-Node`, or all.
     ModelOp,
 }
@@ -86,7 +89,7 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         "/api/pull" | "/api/create" | "/api/copy" if post => ModelOp,
         "/api/delete" if method == Method::DELETE => ModelOp,
         p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => AnyNode,
-        p if p.starts_with("/v1/models/") && get => Model,
+        p if p.starts_with("/v1/models/") && get => V1Model,
         _ => return None,
     })
 }
@@ -260,6 +263,10 @@ async fn serve(
         Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
         Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
         Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
+        Endpoint::V1Model => {
+            let model = asked.model.as_deref().unwrap_or_default();
+            return fanout::v1_model(shared, model).await.map_err(|e| (e, 0));
+        }
         Endpoint::ModelOp => {
             let model = asked.model.as_deref();
             return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model, asked.queue_timeout)
@@ -341,7 +348,7 @@ impl Asked {
         trace: &mut Option<Trace>,
     ) -> Result<Self, BrokerError> {
         let path = parts.uri.path();
-        let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp) {
+        let (model, stream, parsed) = if matches!(endpoint, Endpoint::Model | Endpoint::ModelOp | Endpoint::V1Model) {
             match path.strip_prefix("/v1/models/") {
                 Some(m) => {
                     check_model_name(m)?;

@@ -21,6 +21,7 @@ use super::Shared;
 pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
     match (call.method.clone(), call.path.as_str()) {
         (Method::GET, "/v1/models") => models(&s),
+        (Method::GET, p) if p.starts_with("/v1/models/") => model(&s, &p["/v1/models/".len()..]),
         (Method::POST, "/v1/chat/completions") => inference(s, Kind::V1Chat, call.body).await,
         (Method::POST, "/v1/completions") => inference(s, Kind::V1Completion, call.body).await,
         (Method::POST, "/v1/embeddings") => embed(s, &call.path, call.body).await,
@@ -35,6 +36,18 @@ fn models(s: &Shared) -> Response {
         "data": s.models().iter().map(|m| if s.spec.cloud { m.strip_suffix(":latest").unwrap_or(m) } else { m }).map(|m| json!({"id": m, "object": "model", "created": 1_700_000_000, "owned_by": "library"})).collect::<Vec<_>>(),
     }))
     .into_response()
+}
+
+/// `GET /v1/models/{model}` (Ollama's `RetrieveMiddleware` over `ShowHandler`): the model's
+/// entry, or a 404 naming it.
+fn model(s: &Shared, name: &str) -> Response {
+    let wanted = crate::config::normalize_model(name);
+    if s.models().contains(&wanted) {
+        let id = if s.spec.cloud { name.strip_suffix(":latest").unwrap_or(name) } else { name };
+        return axum::Json(json!({"id": id, "object": "model", "created": 1_700_000_000, "owned_by": "library"}))
+            .into_response();
+    }
+    error(StatusCode::NOT_FOUND, &format!("model \"{name}\" not found"))
 }
 
 /// OpenAI-shaped error, as Ollama's `/v1` middleware writes it.
