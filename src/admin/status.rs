@@ -173,7 +173,7 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "X-Corral-Session": "sticky key for the sticky policy (keeps a conversation on the node holding its KV cache)",
             "X-Corral-Queue-Timeout": "milliseconds this request may wait for a free node (default: the category's queue_timeout_ms)",
             "X-Corral-Node": "comma-separated node names for model operations (pull, delete, copy, create)",
-            "X-Request-Id": "kept and passed to the node; generated when absent",
+            "X-Request-Id": "echoed and passed to the node; recorded beside Corral's own id (X-Corral-Request-Id), never as it",
         },
         "response_headers": {
             "X-Request-Id": "the request's id",
