@@ -319,7 +319,12 @@ impl Telemetry {
 
     fn finish(&self, row: RequestRow) {
         let m = &self.metrics;
-        let node = row.node.clone().unwrap_or_else(|| "none".into());
+        // Who answered: a node, a cloud provider (`provider:<name>`), or nobody.
+        let node = match (&row.node, &row.fallback) {
+            (Some(n), _) => n.clone(),
+            (None, Some(p)) => format!("provider:{p}"),
+            (None, None) => "none".into(),
+        };
         m.requests
             .get_or_create(&RequestLabels {
                 node: node.clone(),

@@ -348,3 +348,31 @@ async fn an_unknown_model_never_becomes_a_paid_cloud_call() {
     assert_eq!(r.status(), 200);
     assert_eq!(cloud_calls(&cloud), 1);
 }
+
+#[tokio::test]
+async fn a_fallback_answer_is_credited_to_the_provider_not_the_node_that_failed() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    c.learn_models().await;
+    for s in &c.sims {
+        s.set_faults(Faults::statuses(500, 100));
+    }
+    let r = chat_in(&c, "default", "llama3.2", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    let store = c.broker.shared().telemetry.store().expect("store on").clone();
+    let mut rows = Vec::new();
+    for _ in 0..300 {
+        rows = store.requests(&corral::store::Query::default()).await.expect("query");
+        if rows.iter().any(|r| r.status == "ok") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let row = rows.iter().find(|r| r.status == "ok").expect("the fallback's row");
+    assert_eq!(row.fallback.as_deref(), Some("cloudsim"));
+    assert_eq!(row.node, None, "no node answered; the failed ones are in attempts ({})", row.attempts);
+    assert!(row.attempts >= 2, "local attempts plus the provider");
+    let metrics = c.admin(reqwest::Method::GET, "/metrics").send().await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("node=\"provider:cloudsim\""), "metrics name the provider:\n{metrics}");
+}

@@ -397,6 +397,9 @@ async fn fall_back(
         t.mark_first_byte();
         t.row.fallback = Some(fb.provider.clone());
         t.row.attempts = i64::from(attempts) + 1;
+        // The provider answered, not the node that failed: no node is credited with its time
+        // or tokens (the failed attempts are counted in `attempts`).
+        t.row.node = None;
     }
     let idle = config.proxy.idle_timeout();
     let header = HeaderValue::from_str(&fb.provider).ok();
