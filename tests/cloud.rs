@@ -376,3 +376,46 @@ async fn a_fallback_answer_is_credited_to_the_provider_not_the_node_that_failed(
     let metrics = c.admin(reqwest::Method::GET, "/metrics").send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("node=\"provider:cloudsim\""), "metrics name the provider:\n{metrics}");
 }
+
+#[tokio::test]
+async fn loads_and_unloads_generate_nothing_anywhere() {
+    // An OpenAI-compatible node: a bare load is answered at once, never turned into a chat.
+    let node = cloud_sim(|s| s.models = vec!["tiny".into()]).await;
+    let c = cluster(0)
+        .config({
+            let url = node.url();
+            move |cfg| {
+                cfg.nodes =
+                    vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }]
+            }
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    let r = c.post("/api/generate", json!({"model": "tiny"})).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!((v["done"].clone(), v["done_reason"].clone()), (json!(true), json!("load")), "{v}");
+    assert_eq!(cloud_calls(&node), 0, "nothing was generated on the node");
+
+    // `ollama stop` reaches every Ollama node, and a cloud-allowed category never bills it.
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    c.learn_models().await;
+    let r = chat_in(&c, "default", "llama3.2", false).await;
+    assert_eq!(r.status(), 200);
+    let unload = json!({"model": "llama3.2", "keep_alive": 0});
+    let r = c.post("/api/generate", unload.clone()).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["done_reason"], "unload");
+    for (i, s) in c.sims.iter().enumerate() {
+        let got = s.received().iter().filter(|r| r.path == "/api/generate").count();
+        assert_eq!(got, 1, "node {i} was asked to unload");
+    }
+    stop_all(&c);
+    let r = c.post("/api/generate", unload).await;
+    assert_ne!(r.status(), 200, "no node to unload from");
+    let r = c.post("/api/chat", json!({"model": "llama3.2", "messages": []})).await;
+    assert!(!r.status().is_success(), "a load with every node down fails locally");
+    assert_eq!(cloud_calls(&cloud), 0, "neither a load nor an unload was sent to the provider");
+}

@@ -126,6 +126,42 @@ pub(super) async fn v1_model(shared: &Shared, model: &str) -> Result<Response, B
     Ok((http::StatusCode::NOT_FOUND, axum::Json(error)).into_response())
 }
 
+/// `keep_alive: 0` with no prompt (`ollama stop`): sent to every available Ollama-kind node
+/// that may hold the model, at once; answered as Ollama answers it. OpenAI-compatible servers
+/// keep their model loaded and are not asked.
+pub(super) async fn unload(shared: &Shared, path: &str, body: Bytes, model: &str) -> Result<Response, BrokerError> {
+    let key = crate::config::model_key(model);
+    let nodes: Vec<Arc<Node>> = shared
+        .registry
+        .all()
+        .iter()
+        .filter(|n| n.is_available() && n.serves_key(&key) != Some(false))
+        .cloned()
+        .collect();
+    if nodes.is_empty() {
+        return Err(BrokerError::ModelNotFound(model.to_string()));
+    }
+    let timeout = Duration::from_secs(10);
+    let asks = nodes.iter().filter(|n| !Upstream::node(n).is_openai()).map(|n| {
+        let request = shared.client.post(Upstream::node(n).url(path)).header("content-type", "application/json");
+        let body = body.clone();
+        async move {
+            let sent = tokio::time::timeout(timeout, request.body(body).send()).await;
+            let ok = matches!(&sent, Ok(Ok(r)) if r.status().is_success());
+            if !ok {
+                tracing::warn!(node = %n.name(), "unload not confirmed by the node");
+            }
+            ok
+        }
+    });
+    let confirmed = futures_util::future::join_all(asks).await;
+    if !confirmed.is_empty() && !confirmed.iter().any(|ok| *ok) {
+        return Err(BrokerError::NoNodeReachable { detail: "no node confirmed the unload".into() });
+    }
+    let answer = crate::upstream::lifecycle::Lifecycle::Unload.answer(path, model);
+    Ok(axum::Json(answer).into_response())
+}
+
 /// The nodes a model operation goes to: those named in `X-Corral-Node`, else every available
 /// node (for delete and copy: every available node that has the model).
 fn targets(

@@ -208,8 +208,7 @@ async fn attempt_once(
             Ok(p) => Some(p),
             Err(refusal) => {
                 guard.judge(Outcome::Success);
-                let body = serde_json::json!({ "error": refusal.message }).to_string();
-                return Ok(Attempt::Whole(whole(refusal.status, body)));
+                return Ok(Attempt::Whole(whole(refusal.status, refusal.body.to_string())));
             }
         }
     } else {

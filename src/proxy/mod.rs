@@ -275,6 +275,11 @@ async fn serve(
         }
         _ => {}
     }
+    let lifecycle = crate::upstream::lifecycle::Lifecycle::of(&path, &body);
+    if let (Some(crate::upstream::lifecycle::Lifecycle::Unload), Some(model)) = (lifecycle, asked.model.as_deref()) {
+        // `ollama stop`: every node holding the model lets it go, not just one.
+        return fanout::unload(shared, &path, body, model).await.map_err(|e| (e, 0));
+    }
     let cat = config.category(&asked.category);
     let session = parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string);
     // Kept for a cloud fallback: the body is shared, not copied.
@@ -295,7 +300,10 @@ async fn serve(
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
         Err((local, attempts)) => match (cat, asked.model.as_deref()) {
-            (Some(cat), Some(model)) if crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) => {
+            // A load or unload generates nothing: never a (billed) cloud call.
+            (Some(cat), Some(model))
+                if lifecycle.is_none() && crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) =>
+            {
                 let req =
                     crate::cloud::Request { path: &path, body: &fallback_body, model, category: cat, request_id: id };
                 fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?

@@ -12,6 +12,7 @@
 //! It must not judge outcomes or touch node state: it returns what happened and the caller
 //! records it.
 
+pub mod lifecycle;
 pub mod ollama;
 pub mod openai;
 pub mod translate;

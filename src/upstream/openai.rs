@@ -80,7 +80,8 @@ pub struct Plan {
 #[derive(Debug)]
 pub struct Refusal {
     pub status: StatusCode,
-    pub message: String,
+    /// The whole answer, in Ollama's words.
+    pub body: Value,
 }
 
 impl Plan {
@@ -93,7 +94,7 @@ impl Plan {
         model: &str,
         body: &Bytes,
     ) -> Result<Self, Refusal> {
-        let refuse = |status: StatusCode, message: String| Refusal { status, message };
+        let refuse = |status: StatusCode, message: String| Refusal { status, body: json!({ "error": message }) };
         let path = path_and_query.split('?').next().unwrap_or("");
         if path_and_query.starts_with("/v1") {
             return Ok(Self { url: up.url(path_and_query), body: body.clone(), native: None, model: model.into() });
@@ -104,6 +105,10 @@ impl Plan {
                 format!("node {node} is an OpenAI-compatible server; it has no {path}"),
             ));
         };
+        // A bare load or unload: such a server holds its model already; nothing to generate.
+        if let Some(l) = super::lifecycle::Lifecycle::of(path, body) {
+            return Err(Refusal { status: StatusCode::OK, body: l.answer(path, model) });
+        }
         let parsed: Value = serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
         let upstream_model = model.strip_suffix(":latest").unwrap_or(model);
         let t = translate::request(api, &parsed, upstream_model, Audience::Node)
