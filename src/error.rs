@@ -47,7 +47,7 @@ pub enum BrokerError {
     NoNodeReachable { detail: String },
     #[error("the broker's queue is full ({depth} requests, {bytes} bytes waiting); try again shortly")]
     QueueFull { depth: usize, bytes: usize },
-    #[error("the prompt is about {estimated} tokens but the model runs with a context of {limit} tokens; shorten it or raise options.num_ctx")]
+    #[error("the prompt is about {estimated} tokens but the model runs with a context of {limit} tokens and the request says \"truncate\": false; shorten it, raise options.num_ctx, or allow truncation")]
     ContextTooLong { estimated: u64, limit: u64 },
     #[error("every node able to serve this request is busy (waited {waited_ms} ms)")]
     QueueTimeout { waited_ms: u64 },

@@ -195,7 +195,9 @@ async fn the_last_node_standing_is_not_ejected() {
 async fn an_over_long_prompt_is_refused_before_any_node() {
     let c = cluster(1).config(|cfg| cfg.proxy.default_num_ctx = 100).start().await;
     let long = "word ".repeat(200);
-    let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": long, "stream": false})).await;
+    // Ollama refuses what does not fit only when told not to truncate; so does Corral.
+    let r =
+        c.post("/api/generate", json!({"model": "llama3.2", "prompt": long, "stream": false, "truncate": false})).await;
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["code"], "context_too_long");
@@ -214,6 +216,15 @@ async fn an_over_long_prompt_is_refused_before_any_node() {
         .await;
     assert_eq!(r.status(), 200);
     assert!(!r.headers().contains_key("x-corral-context-warning"));
+    // By default Ollama truncates and answers: Corral passes it on, saying it will be cut.
+    let small = json!({"num_ctx": 100});
+    let r =
+        c.post("/api/generate", json!({"model": "llama3.2", "prompt": long, "stream": false, "options": small})).await;
+    assert_eq!(r.status(), 200);
+    let warning = r.headers()["x-corral-context-warning"].to_str().unwrap_or_default().to_string();
+    assert!(warning.contains("truncate"), "{warning}");
+    let chat = json!({"model": "llama3.2", "stream": false, "options": small, "messages": [{"role": "user", "content": long}]});
+    assert_eq!(c.post("/api/chat", chat).await.status(), 200, "a long chat Ollama trims is served");
 }
 
 #[tokio::test]

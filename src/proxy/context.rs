@@ -1,5 +1,7 @@
-//! Context-length guard: refuse a prompt that cannot fit the context it will run with, instead
-//! of letting Ollama silently drop its beginning.
+//! Context-length guard: say when a prompt will not fit the context it runs with, and refuse
+//! it only where Ollama itself would (`"truncate": false`). By default Ollama truncates: a long
+//! chat loses its oldest messages, a long prompt its beginning, and the answer still comes; so
+//! such a request passes, with `X-Corral-Context-Warning` saying it will be cut.
 //!
 //! The context a request runs with is `options.num_ctx` when the request sets it, else the
 //! largest `context_length` a node serving the model reports in `/api/ps`, else
@@ -29,7 +31,8 @@ pub fn estimate_tokens(path: &str, body: &Peek) -> Option<u64> {
     Some(bytes.div_ceil(4) as u64)
 }
 
-/// `Ok(Some(warning))` for a prompt above 85% of its context, `Err` when it cannot fit.
+/// `Ok(Some(warning))` for a prompt above 85% of its context (or over it, to be truncated by the
+/// node); `Err` when it cannot fit and the request asked not to be truncated.
 pub(super) fn check(
     shared: &Shared,
     config: &Config,
@@ -42,7 +45,12 @@ pub(super) fn check(
     let learned = shared.registry.all().iter().filter_map(|n| n.context_length(model)).max();
     let limit = requested.or(learned).unwrap_or(config.proxy.default_num_ctx);
     if estimated > limit {
-        return Err(BrokerError::ContextTooLong { estimated, limit });
+        if v.truncate == Some(false) {
+            return Err(BrokerError::ContextTooLong { estimated, limit });
+        }
+        return Ok(Some(format!(
+            "prompt is about {estimated} of {limit} context tokens; the node will truncate it (send \"truncate\": false to be refused instead)"
+        )));
     }
     if estimated as f64 > limit as f64 * WARN_SHARE {
         return Ok(Some(format!("prompt is about {estimated} of {limit} context tokens")));

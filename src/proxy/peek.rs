@@ -27,6 +27,8 @@ pub struct Peek {
     pub names: [Named; 3],
     /// `stream`, when it is a boolean.
     pub stream: Option<bool>,
+    /// `truncate`, when it is a boolean (Ollama: false means "refuse what does not fit").
+    pub truncate: Option<bool>,
     /// `options.num_ctx`, when it is a whole number.
     pub num_ctx: Option<u64>,
     /// UTF-8 bytes of the text in `messages[].content` (a string, or parts with `text`).
@@ -142,7 +144,8 @@ impl<'de> Visitor<'de> for Top {
         f.write_str("the body to be a JSON object")
     }
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Peek, M::Error> {
-        const READ: [&str; 8] = ["model", "name", "source", "stream", "options", "messages", "prompt", "system"];
+        const READ: [&str; 9] =
+            ["model", "name", "source", "stream", "options", "messages", "prompt", "system", "truncate"];
         let mut peek = Peek::default();
         let mut seen = [false; READ.len()];
         while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
@@ -158,6 +161,7 @@ impl<'de> Visitor<'de> for Top {
                 3 => peek.stream = map.next_value_seed(Loose)?.0,
                 4 => peek.num_ctx = map.next_value_seed(Options)?,
                 5 => peek.chat_text = map.next_value_seed(Messages)?,
+                8 => peek.truncate = map.next_value_seed(Loose)?.0,
                 _ => peek.generate_text += map.next_value_seed(TextLen)?,
             }
         }
