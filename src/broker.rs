@@ -55,6 +55,8 @@ pub struct StartOptions {
     pub admin_token: Option<String>,
     /// The config file to watch for hot reload.
     pub config_path: Option<std::path::PathBuf>,
+    /// The nodes are simulated (`corral demo`, the desktop's demo cluster): said in the UI.
+    pub demo: bool,
 }
 
 pub struct Broker {
@@ -133,6 +135,7 @@ impl Broker {
             cancel.clone(),
         ));
         let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
+        shared.set_front(proxy_addrs.iter().map(|a| format!("http://{a}")).collect(), options.demo);
         if let Some(path) = options.config_path {
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
                 Ok(task) => {

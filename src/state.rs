@@ -84,6 +84,9 @@ pub struct Shared {
     pub model_ops: Arc<ModelOps>,
     /// Merged metadata answers (`/api/tags`, `/api/ps`, `/v1/models`) of the last moment.
     pub recent: Arc<Recent>,
+    /// Where clients reach the proxy (`http://addr` per listener, as bound) and whether the
+    /// nodes are simulated: what the UI tells a person to point clients at.
+    front: std::sync::OnceLock<(Vec<String>, bool)>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
@@ -138,6 +141,7 @@ impl Shared {
             model_ops: Arc::default(),
             recent: Arc::default(),
             accepting: AtomicBool::new(true),
+            front: std::sync::OnceLock::new(),
             seed,
             rng: Mutex::new(rng),
         }
@@ -146,6 +150,16 @@ impl Shared {
     /// The config in force (a snapshot: it may be replaced at any time).
     pub fn config(&self) -> Arc<Config> {
         self.config.load_full()
+    }
+
+    /// Record the proxy URLs as bound, and whether this is a demo (once, at start).
+    pub fn set_front(&self, urls: Vec<String>, demo: bool) {
+        let _ = self.front.set((urls, demo));
+    }
+
+    /// The proxy URLs clients should use, and whether the nodes are simulated.
+    pub fn front(&self) -> (&[String], bool) {
+        self.front.get().map_or((&[][..], false), |(u, d)| (u.as_slice(), *d))
     }
 
     /// Every client key name a listener accepts.

@@ -68,7 +68,8 @@ async fn start_broker() -> Result<(Broker, Vec<SimNode>, String), String> {
             (c, "the demo cluster (no config, no Ollama on 127.0.0.1:11434)".into(), None)
         }
     };
-    let options = StartOptions { admin_token: token, config_path: watch, ..StartOptions::default() };
+    let options =
+        StartOptions { admin_token: token, config_path: watch, demo: !sims.is_empty(), ..StartOptions::default() };
     let broker = Broker::start(config, options).await.map_err(|e| e.to_string())?;
     Ok((broker, sims, source))
 }

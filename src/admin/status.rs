@@ -33,6 +33,7 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
         "accepting": s.shared.accepting(),
+        "connect": connect(&s),
         // Names and last use only: a key's value never leaves the keyring through the API.
         "client_keys": s.shared.client_keys.info(),
         "fallback": {
@@ -118,6 +119,20 @@ pub(super) async fn put_accepting(
 }
 
 /// A self-description for clients (and agents) that have no docs at hand.
+/// Where to point a client, ready to copy: the first listener's Ollama and `/v1` URLs, the
+/// `OLLAMA_HOST` line, every listener, and whether the nodes are simulated.
+fn connect(s: &AdminState) -> Value {
+    let (urls, demo) = s.shared.front();
+    let first = urls.first().cloned().unwrap_or_default();
+    json!({
+        "ollama": first,
+        "openai": format!("{first}/v1"),
+        "env": format!("OLLAMA_HOST={first}"),
+        "listeners": urls,
+        "demo": demo,
+    })
+}
+
 /// The admin part of `/help`, from the one route table.
 fn admin_help(config: &crate::config::Config) -> Value {
     let (public, protected): (Vec<&super::Route>, Vec<&super::Route>) =

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use corral::config::Config;
 use corral::sim::SimNode;
-use corral::Broker;
+use corral::{Broker, StartOptions};
 
 pub async fn run(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> ExitCode {
     let mut config = Config::default();
@@ -35,7 +35,7 @@ pub async fn run(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> E
             return ExitCode::from(1);
         }
     };
-    let broker = match Broker::start(config, super::start_options()).await {
+    let broker = match Broker::start(config, StartOptions { demo: true, ..super::start_options() }).await {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");

@@ -74,7 +74,7 @@ impl ClusterBuilder {
         }
         let broker = Broker::start(
             self.config,
-            StartOptions { seed: Some(7), admin_token: Some(TOKEN.into()), config_path: None },
+            StartOptions { seed: Some(7), admin_token: Some(TOKEN.into()), ..StartOptions::default() },
         )
         .await
         .expect("broker starts");

@@ -31,6 +31,16 @@ test("the overview shows a card per node, and a killed node's card turns red", a
   await page.close();
 });
 
+test("the overview says where to point clients, as bound", async () => {
+  const page = await open(b, c);
+  await page.waitForSelector("[data-testid=connect]", { timeout: 10000 });
+  const text = await page.textContent("[data-testid=connect]");
+  assert.ok(text.includes(c.proxy), `the proxy URL ${c.proxy} is shown: ${text}`);
+  assert.ok(text.includes(`${c.proxy}/v1`) && text.includes(`OLLAMA_HOST=${c.proxy}`), text);
+  assert.equal(await page.$("[data-testid=demo]"), null, "serve with real config is not marked demo");
+  await page.close();
+});
+
 test("disabling a node in the UI stops its traffic", async () => {
   const page = await open(b, c, "nodes");
   await page.uncheck("tr[data-node=gpu0] input[aria-label=enabled]");

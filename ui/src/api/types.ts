@@ -180,6 +180,19 @@ export interface Status {
   reload: Reload;
   accepting: boolean;
   fallback: Fallback;
+  /** Where to point clients, as bound. */
+  connect: Connect;
+}
+
+/** `connect` in `/admin/status`: the proxy as clients should reach it. */
+export interface Connect {
+  ollama: string;
+  openai: string;
+  /** `OLLAMA_HOST=...`, for the ollama CLI and clients that read it. */
+  env: string;
+  listeners: string[];
+  /** The nodes are simulated (`corral demo`). */
+  demo: boolean;
 }
 
 /** `GET`/`PUT /admin/accepting`. */
