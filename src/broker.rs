@@ -137,6 +137,7 @@ impl Broker {
         let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
         shared.set_front(proxy_addrs.iter().map(|a| format!("http://{a}")).collect(), options.demo);
         if let Some(path) = options.config_path {
+            shared.set_config_file(path.clone());
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
                 Ok(task) => {
                     tracker.spawn(task);

@@ -87,6 +87,8 @@ pub struct Shared {
     /// Where clients reach the proxy (`http://addr` per listener, as bound) and whether the
     /// nodes are simulated: what the UI tells a person to point clients at.
     front: std::sync::OnceLock<(Vec<String>, bool)>,
+    /// The file the config came from (and is watched), where runtime edits are written too.
+    file: std::sync::OnceLock<std::path::PathBuf>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
@@ -142,6 +144,7 @@ impl Shared {
             recent: Arc::default(),
             accepting: AtomicBool::new(true),
             front: std::sync::OnceLock::new(),
+            file: std::sync::OnceLock::new(),
             seed,
             rng: Mutex::new(rng),
         }
@@ -160,6 +163,27 @@ impl Shared {
     /// The proxy URLs clients should use, and whether the nodes are simulated.
     pub fn front(&self) -> (&[String], bool) {
         self.front.get().map_or((&[][..], false), |(u, d)| (u.as_slice(), *d))
+    }
+
+    /// The config file runtime edits go to (set once, at start).
+    pub fn set_config_file(&self, path: std::path::PathBuf) {
+        let _ = self.file.set(path);
+    }
+
+    /// Write `next` into the config file, if there is one, so the edit survives the next
+    /// reload and restart. Keys that wait for a restart keep what the file says (an edit the
+    /// user made there and that is not applied yet is not undone).
+    pub fn persist(&self, next: &Config) -> Result<(), crate::config::EditError> {
+        let Some(path) = self.file.get() else { return Ok(()) };
+        let mut to_write = next.clone();
+        if let Ok(on_disk) = Config::load(path) {
+            to_write.listeners = on_disk.listeners;
+            to_write.admin = on_disk.admin;
+            to_write.store = on_disk.store;
+            to_write.proxy.connect_timeout_ms = on_disk.proxy.connect_timeout_ms;
+            to_write.proxy.header_read_timeout_ms = on_disk.proxy.header_read_timeout_ms;
+        }
+        crate::config::write_into(path, &to_write)
     }
 
     /// Every client key name a listener accepts.

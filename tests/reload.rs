@@ -161,3 +161,47 @@ async fn a_probe_interval_edited_in_the_file_reschedules_the_probes() {
     );
     w.broker.shutdown().await;
 }
+
+#[tokio::test]
+async fn admin_edits_are_written_into_the_file_and_survive_its_next_reload() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    let dir = std::env::temp_dir().join(format!("corral-reload-{}-persist", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("corral.toml");
+    let text = format!(
+        "# our cluster: keep this comment\n{}[[categories]]\nname = \"default\"\npolicy = \"least-connections\" # for now\n",
+        config_text(&[("a", sim.url())])
+    );
+    std::fs::write(&path, &text).expect("write");
+    let token = "persist-test-token-0123456789abcdef";
+    let broker = Broker::start(
+        Config::load(&path).expect("valid"),
+        StartOptions { config_path: Some(path.clone()), admin_token: Some(token.into()), ..StartOptions::default() },
+    )
+    .await
+    .expect("starts");
+    let admin = |method: reqwest::Method, p: &str| {
+        reqwest::Client::new().request(method, format!("http://{}{p}", broker.admin_addr())).bearer_auth(token)
+    };
+    let r = admin(reqwest::Method::PUT, "/admin/categories/default").json(&serde_json::json!({"policy": "p2c"}));
+    assert_eq!(r.send().await.expect("answer").status(), 200);
+    let r = admin(reqwest::Method::PATCH, "/admin/nodes/a").json(&serde_json::json!({"weight": 5}));
+    assert_eq!(r.send().await.expect("answer").status(), 200);
+    let written = std::fs::read_to_string(&path).expect("read");
+    assert!(
+        written.contains("policy = \"p2c\"") && written.contains("weight = 5"),
+        "the edits are in the file:\n{written}"
+    );
+    assert!(written.contains("# our cluster: keep this comment"), "the user's comments stay:\n{written}");
+    assert!(written.lines().count() < text.lines().count() + 4, "no defaults spelled out:\n{written}");
+
+    // The user touches the file by hand: the reload must not undo the edits.
+    let reloads = || broker.shared().reload.lock().map(|s| s.reloads).unwrap_or(0);
+    let before = reloads();
+    std::fs::write(&path, format!("{written}# touched\n")).expect("write");
+    assert!(eventually(Duration::from_secs(10), || reloads() > before).await, "the touch is reloaded");
+    let config = broker.config();
+    assert_eq!(config.categories[0].policy, corral::config::Policy::P2c, "the UI's policy survives the reload");
+    assert_eq!(config.nodes[0].weight, 5, "the UI's weight survives the reload");
+    broker.shutdown().await;
+}

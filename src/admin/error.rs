@@ -10,6 +10,7 @@ use http::{header, HeaderValue, StatusCode};
 use serde_json::json;
 
 use crate::charts::ChartError;
+use crate::config::EditError;
 use crate::secrets::SecretError;
 use crate::store::StoreError;
 
@@ -33,6 +34,9 @@ pub enum AdminError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Chart(#[from] ChartError),
+    /// The edit is valid but the config file could not be updated: nothing was applied.
+    #[error("{0}")]
+    ConfigFile(#[from] EditError),
     /// Called under a name that is not the admin listener's own: a DNS-rebinding web page.
     #[error("Host {0:?} is not a name of the admin listener; use 127.0.0.1, localhost or its bind address")]
     ForbiddenHost(String),
@@ -52,6 +56,7 @@ impl AdminError {
             Self::Secret(e) => e.code(),
             Self::Store(e) => e.code(),
             Self::Chart(e) => e.code(),
+            Self::ConfigFile(e) => e.code(),
             Self::ForbiddenHost(_) => "forbidden_host",
             Self::ForbiddenOrigin(_) => "forbidden_origin",
         }
@@ -70,6 +75,7 @@ impl AdminError {
             Self::Secret(SecretError::WrongPurpose { .. } | SecretError::Unbound { .. }) => StatusCode::CONFLICT,
             Self::Secret(_) | Self::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Chart(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::ConfigFile(_) => StatusCode::CONFLICT,
             Self::ForbiddenHost(_) | Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
         }
     }
@@ -91,7 +97,7 @@ impl IntoResponse for AdminError {
 
 #[cfg(test)]
 mod tests {
-    use super::{AdminError, ChartError, SecretError, StoreError};
+    use super::{AdminError, ChartError, EditError, SecretError, StoreError};
     use crate::error::{assert_documented, every_variant};
 
     /// One value of every variant, secret errors one by one (each has its own code).
@@ -121,6 +127,14 @@ mod tests {
             }),
             AdminError::Store(StoreError::Query(_)) => AdminError::Store(StoreError::Query(sqlx::Error::PoolClosed)),
             AdminError::Chart(ChartError::Draw(_)) => AdminError::Chart(ChartError::Draw(String::new())),
+            AdminError::ConfigFile(EditError::Read { .. }) =>
+                AdminError::ConfigFile(EditError::Read { path: String::new(), detail: String::new() }),
+            AdminError::ConfigFile(EditError::Parse { .. }) =>
+                AdminError::ConfigFile(EditError::Parse { path: String::new(), detail: String::new() }),
+            AdminError::ConfigFile(EditError::Write { .. }) =>
+                AdminError::ConfigFile(EditError::Write { path: String::new(), detail: String::new() }),
+            AdminError::ConfigFile(EditError::Drift { .. }) =>
+                AdminError::ConfigFile(EditError::Drift { path: String::new(), detail: String::new() }),
             AdminError::Chart(ChartError::Write { .. }) =>
                 AdminError::Chart(ChartError::Write { path: Default::default(), detail: String::new() }),
             AdminError::ForbiddenHost(_) => AdminError::ForbiddenHost(String::new()),

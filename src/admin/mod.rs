@@ -185,8 +185,12 @@ fn validate(next: &Config) -> Result<(), AdminError> {
 }
 
 /// Validate `next` as a whole and swap it in.
+/// Validate `next` as a whole, write it into the config file (when the broker has one: an edit
+/// must survive the next reload), then swap it in. A file that cannot be written changes
+/// nothing.
 fn commit(s: &AdminState, next: Config) -> Result<(), AdminError> {
     validate(&next)?;
+    s.shared.persist(&next)?;
     s.shared.apply(next);
     Ok(())
 }

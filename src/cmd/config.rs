@@ -142,13 +142,14 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
     if let Err(code) = claim_before_write(&base, &plan.next) {
         return code;
     }
-    match corral::config::write_private(&target, &corral::config::export_text(&plan.next)) {
+    // Edited in place: the file keeps its comments, order and the defaults it left out.
+    match corral::config::write_into(&target, &plan.next) {
         Ok(()) => {
             println!("wrote {} ({} change(s))", target.display(), plan.changes.len());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: cannot write {}: {e}", target.display());
+            eprintln!("error: {e}");
             ExitCode::from(1)
         }
     }

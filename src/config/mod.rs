@@ -15,10 +15,12 @@
 //!
 //! Everything is re-exported here, so callers say `crate::config::X`.
 
+mod edit;
 mod schema;
 mod share;
 mod validate;
 
+pub use edit::{edit_text, write_into, EditError};
 pub use schema::{
     model_key, normalize_model, AdminConfig, AlertsConfig, BreakerConfig, CategoryConfig, CloudPermission, Config,
     HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, Policy, ProviderConfig, ProxyConfig, QueueConfig,
