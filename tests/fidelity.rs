@@ -229,3 +229,40 @@ async fn a_cloud_fallback_says_which_fields_it_could_not_send() {
     assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
     assert_eq!(r.headers()["x-corral-dropped"], "think", "a cloud API has no on/off for thinking: said, not hidden");
 }
+
+#[tokio::test]
+async fn ollamas_routes_pass_to_an_ollama_node() {
+    let c = cluster(1).models(0, &["llama3.2", "nomic-embed-text"]).start().await;
+    c.learn_models().await;
+    let chat = json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]});
+    for (path, body) in [
+        ("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})),
+        ("/api/embed", json!({"model": "nomic-embed-text", "input": ["a", "b"]})),
+        ("/api/embeddings", json!({"model": "nomic-embed-text", "prompt": "a"})),
+        ("/v1/chat/completions", chat),
+        ("/v1/completions", json!({"model": "llama3.2", "prompt": "hi"})),
+        ("/v1/embeddings", json!({"model": "nomic-embed-text", "input": "a"})),
+        ("/api/copy", json!({"source": "llama3.2", "destination": "mine"})),
+        ("/api/create", json!({"model": "made", "from": "llama3.2", "stream": false})),
+        ("/api/push", json!({"model": "llama3.2", "stream": false})),
+    ] {
+        let r = c.post(path, body).await;
+        assert!(r.status().is_success(), "{path}: {}", r.status());
+        assert_eq!(c.sims[0].count(path), 1, "{path} reached the node as it came");
+    }
+}
+
+#[tokio::test]
+async fn native_inference_is_translated_for_an_openai_node() {
+    let node = openai_sim(&["tiny"]).await;
+    let c = openai_only(&node).await;
+    let v = json_of(c.post("/api/generate", json!({"model": "tiny", "prompt": "hi", "stream": false})).await).await;
+    assert_eq!((v["done"].clone(), v["response"].is_string()), (json!(true), true), "{v}");
+    let v = json_of(c.post("/api/embed", json!({"model": "tiny", "input": ["a"]})).await).await;
+    assert!(v["embeddings"][0].is_array(), "{v}");
+    let v = json_of(c.post("/api/embeddings", json!({"model": "tiny", "prompt": "a"})).await).await;
+    assert!(v["embedding"].is_array(), "{v}");
+    let r = c.post("/v1/completions", json!({"model": "tiny", "prompt": "hi"})).await;
+    assert_eq!(r.status(), 200, "/v1 goes as it came");
+    assert_eq!((node.count("/v1/chat/completions"), node.count("/v1/embeddings")), (1, 2));
+}
