@@ -37,10 +37,14 @@ pub enum BrokerError {
     BadHeader { name: &'static str, reason: String },
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
-    #[error("model \"{0}\" is not served by any configured node")]
+    /// Ollama's own words (`model 'x' not found`): its CLI and clients match on "not found".
+    #[error("model '{0}' not found: no configured node lists it; pull it onto a node first")]
     ModelNotFound(String),
-    #[error("no route for {method} {path}")]
+    #[error("no route for {method} {path}: neither Ollama nor the OpenAI-compatible /v1 API has it (see docs/compatibility.md for every route Corral serves)")]
     UnknownRoute { method: String, path: String },
+    /// A route Ollama has that Corral does not serve, and why.
+    #[error("{method} {path} is an Ollama route Corral does not serve: {why} (see docs/compatibility.md)")]
+    RouteNotServed { method: String, path: String, why: &'static str },
     #[error("no healthy node can serve model \"{model}\" right now")]
     NoHealthyNode { model: String },
     #[error("no node could be reached for this request ({detail})")]
@@ -107,6 +111,7 @@ impl BrokerError {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::ModelNotFound(_) => "model_not_found",
             Self::UnknownRoute { .. } => "unknown_route",
+            Self::RouteNotServed { .. } => "route_not_served",
             Self::NoHealthyNode { .. } => "no_healthy_node",
             Self::NoNodeReachable { .. } => "no_node_reachable",
             Self::QueueTimeout { .. } => "queue_timeout",
@@ -152,6 +157,7 @@ impl BrokerError {
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
+            Self::RouteNotServed { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::NoHealthyNode { .. }
             | Self::NoNodeReachable { .. }
             | Self::QueueTimeout { .. }
@@ -168,6 +174,10 @@ impl BrokerError {
     pub fn side(&self) -> Side {
         if matches!(self, Self::QueueFull { .. }) {
             return Side::Broker;
+        }
+        // Asking again cannot help: the client has to use another route.
+        if matches!(self, Self::RouteNotServed { .. }) {
+            return Side::Client;
         }
         match self.status().as_u16() {
             400..=499 => Side::Client,
@@ -277,6 +287,7 @@ mod tests {
             E::BodyTooLarge { .. } => E::BodyTooLarge { limit: 1 },
             E::ModelNotFound(_) => E::ModelNotFound("".into()),
             E::UnknownRoute { .. } => E::UnknownRoute { method: "".into(), path: "".into() },
+            E::RouteNotServed { .. } => E::RouteNotServed { method: "".into(), path: "".into(), why: "" },
             E::NoHealthyNode { .. } => E::NoHealthyNode { model: "".into() },
             E::NoNodeReachable { .. } => E::NoNodeReachable { detail: "".into() },
             E::QueueFull { .. } => E::QueueFull { depth: 0, bytes: 0 },

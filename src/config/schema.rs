@@ -510,18 +510,46 @@ impl Config {
     }
 }
 
-/// Ollama treats `llama3.2` and `llama3.2:latest` as one model.
+/// A model name as Ollama compares names (ollama/ollama `types/model/name.go`: `ParseName`,
+/// `DisplayShortest`, `EqualFold`): case-insensitive, `:latest` when no tag is given, and the
+/// default registry and namespace dropped, so `Llama3.2`, `llama3.2:LATEST`, `library/llama3.2`
+/// and `registry.ollama.ai/library/llama3.2:latest` are one model, `llama3.2:latest`. Used as a
+/// key only: what is forwarded keeps the client's spelling (Ollama resolves it itself).
 pub fn normalize_model(name: &str) -> String {
     model_key(name).into_owned()
 }
 
-/// `normalize_model` without allocating when the name already has a tag (the hot path).
+/// `normalize_model` without allocating when the name is already in that form (the hot path).
 pub fn model_key(name: &str) -> std::borrow::Cow<'_, str> {
-    let last = name.rsplit('/').next().unwrap_or(name);
-    if last.contains(':') {
-        std::borrow::Cow::Borrowed(name)
-    } else {
-        std::borrow::Cow::Owned(format!("{name}:latest"))
+    let short = shortest(name);
+    let tagged = short.rfind(':').is_some_and(|c| short.rfind('/').is_none_or(|s| c > s));
+    let lower = !short.bytes().any(|b| b.is_ascii_uppercase());
+    if tagged && lower && short.len() == name.len() {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut key = short.to_ascii_lowercase();
+    if !tagged {
+        key.push_str(":latest");
+    }
+    std::borrow::Cow::Owned(key)
+}
+
+/// `name` without Ollama's default host (`registry.ollama.ai`, any scheme) and namespace
+/// (`library`), as `DisplayShortest` writes it.
+fn shortest(name: &str) -> &str {
+    let path = match name.rfind(':') {
+        Some(c) if name.rfind('/').is_none_or(|s| c > s) => &name[..c],
+        _ => name,
+    };
+    let parts: Vec<&str> = path.rsplitn(3, '/').collect();
+    let model_at = path.len() - parts[0].len();
+    let default_host =
+        parts.get(2).is_none_or(|h| h.rsplit("://").next().unwrap_or(h).eq_ignore_ascii_case("registry.ollama.ai"));
+    let default_ns = parts.get(1).is_some_and(|n| n.eq_ignore_ascii_case("library"));
+    match parts.len() {
+        2 | 3 if default_host && default_ns => &name[model_at..],
+        3 if default_host => &name[model_at - parts[1].len() - 1..],
+        _ => name,
     }
 }
 
@@ -534,5 +562,17 @@ mod tests {
         assert_eq!(normalize_model("llama3.2"), "llama3.2:latest");
         assert_eq!(normalize_model("llama3.2:1b"), "llama3.2:1b");
         assert_eq!(normalize_model("registry.io:5000/lib/m"), "registry.io:5000/lib/m:latest");
+        for same in [
+            "Llama3.2",
+            "llama3.2:LATEST",
+            "library/llama3.2",
+            "registry.ollama.ai/library/llama3.2:latest",
+            "https://Registry.Ollama.AI/Library/llama3.2",
+        ] {
+            assert_eq!(normalize_model(same), "llama3.2:latest", "{same}");
+        }
+        assert_eq!(normalize_model("registry.ollama.ai/jmorgan/m:7b"), "jmorgan/m:7b", "a namespace stays");
+        assert_eq!(normalize_model("hf.co/Org/Repo:Q4_K_M"), "hf.co/org/repo:q4_k_m", "a foreign host stays");
+        assert!(matches!(model_key("llama3.2:1b"), std::borrow::Cow::Borrowed(_)), "no copy on the hot path");
     }
 }

@@ -73,6 +73,24 @@ fn is_model_op(method: &Method, path: &str) -> bool {
         || (path.starts_with("/api/blobs/") && (method == Method::POST || method == Method::HEAD))
 }
 
+/// Why Corral does not serve a route Ollama has (ollama/ollama `server/routes.go`,
+/// `GenerateRoutes`), if that is what `method path` is.
+fn not_served(method: &Method, path: &str) -> Option<&'static str> {
+    let account = "it acts for one Ollama install's ollama.com account, and a cluster has no single account";
+    Some(match (method.as_str(), path) {
+        ("POST", "/api/me" | "/api/signout") => account,
+        ("DELETE", p) if p.starts_with("/api/user/keys/") => account,
+        ("POST", "/api/experimental/web_search" | "/api/experimental/web_fetch") => {
+            "Ollama sends it to ollama.com signed with its own key; call a node directly or ollama.com"
+        }
+        ("GET", "/api/experimental/model-recommendations") => "it describes one Ollama install; ask a node directly",
+        ("POST", "/v1/audio/transcriptions") => {
+            "its body is a multipart form, and Corral routes by the JSON body's model; call a node directly"
+        }
+        _ => return None,
+    })
+}
+
 fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     use Endpoint::*;
     let get = method == Method::GET || method == Method::HEAD;
@@ -80,11 +98,14 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
     Some(match path {
         "/" if get => Root,
         "/api/version" if get => AnyNode,
+        "/api/status" if method == Method::GET => AnyNode,
         "/api/tags" if get => Tags,
         "/api/ps" if get => Ps,
         "/v1/models" if get => V1Models,
         "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => Model,
         "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" if post => Model,
+        // Ollama's Responses and Anthropic Messages layers: passed to the node as they came.
+        "/v1/responses" | "/v1/messages" if post => Model,
         "/api/push" if post => Model,
         "/api/pull" | "/api/create" | "/api/copy" if post => ModelOp,
         "/api/delete" if method == Method::DELETE => ModelOp,
@@ -259,21 +280,8 @@ async fn serve(
         .await
         .map_err(|e| (e, 0))?;
     let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
-    match endpoint {
-        Endpoint::Tags => return fanout::tags(shared).await.map_err(|e| (e, 0)),
-        Endpoint::Ps => return fanout::ps(shared).await.map_err(|e| (e, 0)),
-        Endpoint::V1Models => return fanout::v1_models(shared).await.map_err(|e| (e, 0)),
-        Endpoint::V1Model => {
-            let model = asked.model.as_deref().unwrap_or_default();
-            return fanout::v1_model(shared, model).await.map_err(|e| (e, 0));
-        }
-        Endpoint::ModelOp => {
-            let model = asked.model.as_deref();
-            return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model, asked.queue_timeout)
-                .await
-                .map_err(|e| (e, 0));
-        }
-        _ => {}
+    if let Some(answer) = answered_without_forwarding(shared, endpoint, &parts, &asked, &body).await {
+        return answer.map_err(|e| (e, 0));
     }
     let lifecycle = crate::upstream::lifecycle::Lifecycle::of(&path, &body);
     if let (Some(crate::upstream::lifecycle::Lifecycle::Unload), Some(model)) = (lifecycle, asked.model.as_deref()) {
@@ -308,6 +316,8 @@ async fn serve(
                     crate::cloud::Request { path: &path, body: &fallback_body, model, category: cat, request_id: id };
                 fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
             }
+            // Any node's version will do, and with none Corral's own is the answer.
+            _ if path == "/api/version" => return Ok(own_version()),
             (_, _) => return Err((local, attempts)),
         },
     };
@@ -315,6 +325,61 @@ async fn serve(
         response.headers_mut().insert("x-corral-context-warning", w);
     }
     Ok(response)
+}
+
+/// Answers made without sending the request to one chosen node: merged lists, fanned-out model
+/// operations, and `/api/show` of a model only OpenAI-compatible nodes serve.
+async fn answered_without_forwarding(
+    shared: &Shared,
+    endpoint: Endpoint,
+    parts: &http::request::Parts,
+    asked: &Asked,
+    body: &axum::body::Bytes,
+) -> Option<Result<Response, BrokerError>> {
+    let model = asked.model.as_deref();
+    Some(match endpoint {
+        Endpoint::Tags => fanout::tags(shared).await,
+        Endpoint::Ps => fanout::ps(shared).await,
+        Endpoint::V1Models => fanout::v1_models(shared).await,
+        Endpoint::V1Model => fanout::v1_model(shared, model.unwrap_or_default()).await,
+        Endpoint::ModelOp => {
+            let (method, path, headers) = (&parts.method, parts.uri.path(), &parts.headers);
+            fanout::model_op(shared, method, path, headers, body.clone(), model, asked.queue_timeout).await
+        }
+        Endpoint::Model if parts.uri.path() == "/api/show" => Ok(show_on_openai(shared, model?).await?),
+        _ => return None,
+    })
+}
+
+/// `/api/show` of a model that only OpenAI-compatible nodes serve: Ollama's `ShowResponse`
+/// made from what one of them says of the model (`upstream::openai::show`), so `ollama.show()`,
+/// llama-index and `ollama run` work. `None` when an Ollama node has it (it answers itself) or
+/// the server said nothing (the plan's plainer answer stands).
+async fn show_on_openai(shared: &Shared, model: &str) -> Option<Response> {
+    let key = crate::config::model_key(model);
+    let nodes = shared.registry.all();
+    let serving: Vec<&Arc<crate::node::Node>> =
+        nodes.iter().filter(|n| n.is_available() && n.serves_key(&key) == Some(true)).collect();
+    if serving.iter().any(|n| !crate::upstream::Upstream::node(n).is_openai()) {
+        return None;
+    }
+    let node = serving.first()?;
+    let timeout = shared.config().proxy.first_byte_timeout();
+    let show =
+        crate::upstream::openai::show(&crate::upstream::Upstream::node(node), &shared.client, model, timeout).await?;
+    if let Some(n) = crate::upstream::openai::show_context_length(&show) {
+        node.learn_context(model, n);
+    }
+    let mut response = axum::Json(show).into_response();
+    if let Ok(v) = HeaderValue::from_str(node.name()) {
+        response.headers_mut().insert("x-corral-node", v);
+    }
+    Some(response)
+}
+
+/// `/api/version` in Ollama's shape with Corral's own version.
+fn own_version() -> Response {
+    axum::Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") })).into_response()
 }
 
 /// Screen a request before anything is read: `Host` and `Origin`, the path, the client key,
@@ -327,7 +392,11 @@ fn gate(state: &ProxyState, parts: &http::request::Parts) -> Result<Endpoint, Br
         return Err(BrokerError::BadPath);
     }
     let Some(endpoint) = classify(&parts.method, path) else {
-        return Err(BrokerError::UnknownRoute { method: parts.method.to_string(), path: path.to_string() });
+        let (method, path) = (parts.method.to_string(), path.to_string());
+        return Err(match not_served(&parts.method, &path) {
+            Some(why) => BrokerError::RouteNotServed { method, path, why },
+            None => BrokerError::UnknownRoute { method, path },
+        });
     };
     if is_model_op(&parts.method, path) && !state.listener.allows_model_ops() {
         return Err(BrokerError::ModelOpsForbidden { path: path.to_string() });
@@ -399,6 +468,12 @@ async fn fall_back(
     trace: &mut Option<Trace>,
 ) -> Result<Response, BrokerError> {
     let request_id = req.request_id.to_string();
+    let dropped = match req.path {
+        "/api/chat" | "/api/generate" => serde_json::from_slice::<serde_json::Value>(req.body)
+            .map(|v| crate::upstream::translate::unmapped(&v, crate::upstream::translate::Audience::Cloud).join(", "))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
     let fb = crate::cloud::fall_back(config, &shared.cloud_clients, req, local).await?;
     if let Some(t) = trace.as_mut() {
         t.mark_dispatched();
@@ -414,6 +489,10 @@ async fn fall_back(
     let mut response = relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle);
     if let Some(v) = header {
         response.headers_mut().insert("x-corral-fallback", v);
+    }
+    // Fields the provider's API has no place for, said rather than dropped silently.
+    if let Some(v) = Some(dropped).filter(|d| !d.is_empty()).and_then(|d| HeaderValue::from_str(&d).ok()) {
+        response.headers_mut().insert("x-corral-dropped", v);
     }
     Ok(response)
 }

@@ -32,6 +32,13 @@ pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
             axum::Json(json!({ "models": s.models().iter().map(|m| tag_entry(m)).collect::<Vec<_>>() })).into_response()
         }
         (Method::GET, "/api/ps") => ps(&s),
+        // `GET` is the liveness probe, answered in `router`; `HEAD` only says the same.
+        (Method::HEAD, "/api/version") => axum::Json(json!({ "version": s.spec.version })).into_response(),
+        // Ollama's `StatusHandler`: whether its cloud models are disabled and by what
+        // (`none`, `env`, `config`, `both`).
+        (Method::GET, "/api/status") => {
+            axum::Json(json!({ "cloud": { "disabled": false, "source": "none" } })).into_response()
+        }
         (Method::POST, "/api/show") => show(&s, &call.body),
         (Method::POST, "/api/chat") => inference(s, Kind::Chat, call.body).await,
         (Method::POST, "/api/generate") => inference(s, Kind::Generate, call.body).await,

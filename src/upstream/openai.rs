@@ -84,6 +84,21 @@ pub struct Refusal {
     pub body: Value,
 }
 
+/// The name an OpenAI-compatible server is asked for: Ollama's default registry, namespace
+/// and `:latest` tag dropped (such servers name models without them), the client's case kept
+/// (they compare names exactly).
+fn upstream_name(model: &str) -> &str {
+    let key = crate::config::model_key(model);
+    let short_len = key.strip_suffix(":latest").unwrap_or(&key).len();
+    let tagged_latest = key.ends_with(":latest") && model.len() >= ":latest".len() && {
+        let tail = &model[model.len() - ":latest".len()..];
+        tail.eq_ignore_ascii_case(":latest")
+    };
+    let end = if tagged_latest { model.len() - ":latest".len() } else { model.len() };
+    // The short name is the tail of the client's spelling (prefixes are only ever dropped).
+    model.get(end.saturating_sub(short_len)..end).unwrap_or(model)
+}
+
 impl Plan {
     /// The plan for `path_and_query` with `body` naming `model`, or why there is none (an
     /// endpoint such a server does not have, a body that cannot be translated).
@@ -99,6 +114,9 @@ impl Plan {
         if path_and_query.starts_with("/v1") {
             return Ok(Self { url: up.url(path_and_query), body: body.clone(), native: None, model: model.into() });
         }
+        if let Some(answer) = answered_here(path, model) {
+            return Err(Refusal { status: StatusCode::OK, body: answer });
+        }
         let Some(api) = Native::of(path) else {
             return Err(refuse(
                 StatusCode::NOT_IMPLEMENTED,
@@ -110,7 +128,7 @@ impl Plan {
             return Err(Refusal { status: StatusCode::OK, body: l.answer(path, model) });
         }
         let parsed: Value = serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let upstream_model = model.strip_suffix(":latest").unwrap_or(model);
+        let upstream_model = upstream_name(model);
         let t = translate::request(api, &parsed, upstream_model, Audience::Node)
             .map_err(|e| refuse(StatusCode::BAD_REQUEST, e.0))?;
         Ok(Self {
@@ -119,6 +137,101 @@ impl Plan {
             native: Some((api, t.stream)),
             model: model.into(),
         })
+    }
+}
+
+/// Ollama routes an OpenAI-compatible server has no counterpart for but that have a right
+/// answer without one: `/api/version` (Corral's own version, in Ollama's shape),
+/// `/api/status` (such a server has no Ollama cloud) and `/api/show` when nothing better is
+/// known (the proxy asks the server itself first, [`show`]).
+fn answered_here(path: &str, model: &str) -> Option<Value> {
+    Some(match path {
+        "/api/version" => json!({ "version": env!("CARGO_PKG_VERSION") }),
+        "/api/status" => json!({ "cloud": { "disabled": true, "source": "none" } }),
+        "/api/show" => show_response(model, None, None),
+        _ => return None,
+    })
+}
+
+/// Ollama's `ShowResponse` for `model` on an OpenAI-compatible server, from what the server
+/// says of it: its `/v1/models` entry (vLLM's `max_model_len`, llama.cpp's `meta`) and, where
+/// there is one, llama.cpp's `/props` (`n_ctx`, chat template capabilities, modalities).
+/// `None` when the server does not list the model. The context length found is also what
+/// the answer's `parameters` (`num_ctx`) and `model_info` say.
+pub async fn show(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> Option<Value> {
+    let (models, props) =
+        tokio::join!(get_json(client, up.url("/v1/models"), timeout), get_json(client, up.url("/props"), timeout));
+    let wanted = crate::config::model_key(model);
+    let entry = models?
+        .get("data")
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|m| m["id"].as_str().is_some_and(|id| crate::config::model_key(id) == wanted))?
+        .clone();
+    Some(show_response(model, Some(&entry), props.as_ref()))
+}
+
+/// The context length an OpenAI-compatible server runs `model` with, from a `show` answer.
+pub fn show_context_length(show: &Value) -> Option<u64> {
+    show["model_info"].as_object()?.iter().find(|(k, _)| k.ends_with(".context_length")).and_then(|(_, v)| v.as_u64())
+}
+
+/// A `ShowResponse` from a `/v1/models` entry and llama.cpp's `/props`, either or both absent.
+/// Capabilities say only what is known: `completion` always, `tools` and `vision` when the
+/// server says so.
+fn show_response(model: &str, entry: Option<&Value>, props: Option<&Value>) -> Value {
+    let meta = entry.and_then(|e| e.get("meta"));
+    let num = |v: Option<&Value>| v.and_then(Value::as_u64).filter(|&n| n > 0);
+    let context = num(props.and_then(|p| p.pointer("/default_generation_settings/n_ctx")))
+        .or_else(|| num(entry.and_then(|e| e.get("max_model_len"))))
+        .or_else(|| num(meta.and_then(|m| m.get("n_ctx_train"))));
+    let params = num(meta.and_then(|m| m.get("n_params")));
+    let mut capabilities = vec!["completion"];
+    let template = props.and_then(|p| p["chat_template"].as_str()).unwrap_or_default();
+    let caps_tools = props.and_then(|p| p.pointer("/chat_template_caps/supports_tools")).and_then(Value::as_bool);
+    if caps_tools.unwrap_or(template.contains("tools")) {
+        capabilities.push("tools");
+    }
+    if props.and_then(|p| p.pointer("/modalities/vision")).and_then(Value::as_bool) == Some(true) {
+        capabilities.push("vision");
+    }
+    let mut info = serde_json::Map::new();
+    info.insert("general.architecture".into(), json!("openai-compatible"));
+    if let Some(n) = params {
+        info.insert("general.parameter_count".into(), json!(n));
+    }
+    if let Some(n) = context {
+        info.insert("openai-compatible.context_length".into(), json!(n));
+    }
+    let modified = entry
+        .and_then(|e| e["created"].as_i64())
+        .and_then(|t| time::OffsetDateTime::from_unix_timestamp(t).ok())
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default();
+    let mut show = json!({
+        "modelfile": format!("# served by an OpenAI-compatible server through Corral\nFROM {model}\n"),
+        "details": {
+            "parent_model": "", "format": if props.is_some() { "gguf" } else { "" }, "family": "",
+            "families": null, "parameter_size": params.map(parameter_size).unwrap_or_default(),
+            "quantization_level": "",
+        },
+        "model_info": info,
+        "capabilities": capabilities,
+        "modified_at": modified,
+    });
+    if let Some(n) = context {
+        show["parameters"] = json!(format!("num_ctx {n}"));
+    }
+    show
+}
+
+/// Ollama's `parameter_size` ("1.2B", "7.6B", "135M").
+fn parameter_size(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.0}M", n as f64 / 1e6),
+        n => n.to_string(),
     }
 }
 
@@ -187,4 +300,40 @@ pub fn translate_stream(
         }
     })
     .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn show_is_made_from_what_llama_cpp_says() {
+        let entry =
+            json!({"id": "qwen3", "created": 1_700_000_000, "meta": {"n_ctx_train": 40960, "n_params": 596_049_920}});
+        let props = json!({
+            "default_generation_settings": {"n_ctx": 8192},
+            "chat_template": "{% if tools %}...{% endif %}",
+            "modalities": {"vision": false},
+        });
+        let s = show_response("qwen3", Some(&entry), Some(&props));
+        assert_eq!(s["capabilities"], json!(["completion", "tools"]), "{s}");
+        assert_eq!(show_context_length(&s), Some(8192), "the context it runs with, not the trained one");
+        assert_eq!(s["parameters"], "num_ctx 8192");
+        assert_eq!(s["details"]["parameter_size"], "596M");
+        assert_eq!(s["details"]["format"], "gguf");
+        let vllm = show_response("m", Some(&json!({"id": "m", "max_model_len": 32768})), None);
+        assert_eq!(show_context_length(&vllm), Some(32768));
+        assert_eq!(vllm["capabilities"], json!(["completion"]), "only what is known");
+        let bare = show_response("m", None, None);
+        assert!(bare["model_info"].is_object() && bare.get("parameters").is_none(), "{bare}");
+    }
+
+    #[test]
+    fn upstream_names_drop_ollamas_defaults_and_keep_the_clients_case() {
+        assert_eq!(upstream_name("llama3.2"), "llama3.2");
+        assert_eq!(upstream_name("llama3.2:latest"), "llama3.2");
+        assert_eq!(upstream_name("registry.ollama.ai/library/Qwen3:LATEST"), "Qwen3");
+        assert_eq!(upstream_name("Qwen/Qwen2.5-7B-Instruct"), "Qwen/Qwen2.5-7B-Instruct");
+        assert_eq!(upstream_name("qwen3:0.6b"), "qwen3:0.6b");
+    }
 }

@@ -96,6 +96,7 @@ pub fn request(
             Ok(Translated { body, stream: false })
         }
         Native::Chat | Native::Generate => {
+            refuse_unmappable(obj)?;
             let messages = match api {
                 Native::Chat => chat_messages(obj.get("messages"))?,
                 _ => generate_messages(obj)?,
@@ -127,9 +128,55 @@ pub fn request(
             if let Some(opts) = obj.get("options").and_then(Value::as_object) {
                 options(opts, &mut body, audience);
             }
+            think_and_logprobs(obj, &mut body, audience);
             Ok(Translated { body: Value::Object(body), stream })
         }
     }
+}
+
+/// Fields of Ollama's `GenerateRequest` that Chat Completions cannot carry: refused with a
+/// reason, never dropped without a word.
+fn refuse_unmappable(obj: &Map<String, Value>) -> Result<(), TranslateError> {
+    if obj.get("raw").and_then(Value::as_bool) == Some(true) {
+        return Err(bad("\"raw\": true (a prompt without the chat template) cannot be sent to an OpenAI-compatible server's chat completions; send it to an Ollama node, or use /v1/completions"));
+    }
+    if obj.get("suffix").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
+        return Err(bad("\"suffix\" (fill-in-the-middle) cannot be sent to an OpenAI-compatible server's chat completions; send it to an Ollama node"));
+    }
+    Ok(())
+}
+
+/// Ollama's `think` and `logprobs` in Chat Completions' words. `think: "high"` (a level) is
+/// `reasoning_effort`; `think: true|false` on a local server is llama.cpp's and vLLM's
+/// `chat_template_kwargs.enable_thinking` (templates that think, such as Qwen3's, honour it), and
+/// has no counterpart in a cloud API (there it is not sent; `unmapped` names it). `logprobs`
+/// and `top_logprobs` are the same fields in both APIs.
+fn think_and_logprobs(obj: &Map<String, Value>, body: &mut Map<String, Value>, audience: Audience) {
+    match obj.get("think") {
+        Some(Value::String(level)) if !level.is_empty() => {
+            body.insert("reasoning_effort".into(), json!(level));
+        }
+        Some(Value::Bool(on)) if audience == Audience::Node => {
+            body.insert("chat_template_kwargs".into(), json!({ "enable_thinking": on }));
+        }
+        _ => {}
+    }
+    if obj.get("logprobs").and_then(Value::as_bool) == Some(true) {
+        body.insert("logprobs".into(), json!(true));
+        if let Some(n) = obj.get("top_logprobs").and_then(Value::as_u64).filter(|&n| n > 0) {
+            body.insert("top_logprobs".into(), json!(n));
+        }
+    }
+}
+
+/// Fields of an Ollama chat or generate request that reach an OpenAI-compatible upstream as
+/// nothing: `think: true|false` for a cloud API. Named in `X-Corral-Dropped`.
+pub fn unmapped(req: &Value, audience: Audience) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    if audience == Audience::Cloud && req.get("think").is_some_and(Value::is_boolean) {
+        out.push("think");
+    }
+    out
 }
 
 fn options(opts: &Map<String, Value>, body: &mut Map<String, Value>, audience: Audience) {
@@ -403,6 +450,12 @@ impl Reply {
                 if let Some(calls) = calls.filter(|c| !c.is_empty()) {
                     line["message"]["tool_calls"] = Value::Array(calls);
                 }
+                if let Some(t) = reasoning(&message).filter(|t| !t.is_empty()) {
+                    set_thinking(api, &mut line, &restored(self.restore.as_ref(), t));
+                }
+                if let Some(lp) = choice.pointer("/logprobs/content").filter(|l| l.is_array()) {
+                    line["logprobs"] = lp.clone();
+                }
                 self.first_token_at.get_or_insert(Instant::now());
                 self.complete(&mut line);
                 line
@@ -566,13 +619,24 @@ impl Reply {
                 if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
                     self.finish = Some(reason.to_string());
                 }
+                if let Some(t) = reasoning(&delta).filter(|t| !t.is_empty()) {
+                    self.deltas += 1;
+                    self.first_token_at.get_or_insert(Instant::now());
+                    let mut line = self.chunk(api, "");
+                    set_thinking(api, &mut line, &restored(self.restore.as_ref(), t));
+                    push_line(out, &line);
+                }
                 let raw = delta.get("content").and_then(Value::as_str).unwrap_or("");
                 if !raw.is_empty() {
                     self.deltas += 1;
                     self.first_token_at.get_or_insert(Instant::now());
                     let text = self.restore_text(0, raw);
                     if !text.is_empty() {
-                        push_line(out, &self.chunk(api, &text));
+                        let mut line = self.chunk(api, &text);
+                        if let Some(lp) = choice.pointer("/logprobs/content").filter(|l| l.is_array()) {
+                            line["logprobs"] = lp.clone();
+                        }
+                        push_line(out, &line);
                     }
                 }
             }
@@ -640,6 +704,20 @@ impl Reply {
 }
 
 /// Ollama's tool call: arguments as an object, not a JSON string.
+/// The reasoning an OpenAI-compatible message or delta carries: `reasoning_content` (llama.cpp,
+/// vLLM, DeepSeek) or `reasoning` (OpenRouter, newer vLLM).
+fn reasoning(message: &Value) -> Option<&str> {
+    message.get("reasoning_content").or_else(|| message.get("reasoning")).and_then(Value::as_str)
+}
+
+/// Ollama's place for reasoning: `thinking` beside `response`, or in the chat message.
+fn set_thinking(api: Native, line: &mut Value, text: &str) {
+    match api {
+        Native::Generate => line["thinking"] = json!(text),
+        _ => line["message"]["thinking"] = json!(text),
+    }
+}
+
 fn ollama_call(name: &str, args: &str) -> Value {
     let arguments = serde_json::from_str::<Value>(args).ok().filter(Value::is_object).unwrap_or_else(|| json!({}));
     json!({ "function": { "name": name, "arguments": arguments } })
@@ -933,5 +1011,41 @@ mod tests {
         assert_eq!(native_error(br#"{"error":{"message":"bad key","type":"auth"}}"#), json!({"error": "bad key"}));
         assert_eq!(native_error(br#"{"error":"nope"}"#), json!({"error": "nope"}));
         assert_eq!(native_error(b"plain text"), json!({"error": "plain text"}));
+    }
+
+    #[test]
+    fn reasoning_becomes_thinking_and_logprobs_pass_both_ways() {
+        let mut r = Reply::native(Native::Chat, "m", Instant::now(), None);
+        let body = json!({"choices": [{"message": {"role": "assistant", "content": "4", "reasoning_content": "2+2"},
+            "logprobs": {"content": [{"token": "4", "logprob": -0.1, "top_logprobs": []}]}, "finish_reason": "stop"}]});
+        let v: Value = serde_json::from_slice(&r.whole(body.to_string().as_bytes()).expect("whole")).expect("json");
+        assert_eq!((v["message"]["thinking"].clone(), v["message"]["content"].clone()), (json!("2+2"), json!("4")));
+        assert_eq!(v["logprobs"][0]["token"], "4");
+        let mut r = Reply::native(Native::Generate, "m", Instant::now(), None);
+        let sse = "data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"hm\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        let out = lines(&r.feed(sse.as_bytes()).expect("feed"));
+        assert_eq!((out[0]["thinking"].clone(), out[0]["response"].clone()), (json!("hm"), json!("")), "{out:?}");
+        assert_eq!(out[1]["response"], "ok");
+    }
+
+    #[test]
+    fn think_maps_where_it_can_and_raw_or_suffix_are_refused() {
+        let req = json!({"prompt": "p", "think": true, "logprobs": true, "top_logprobs": 3});
+        let node = request(Native::Generate, &req, "m", Audience::Node).expect("node");
+        assert_eq!(node.body["chat_template_kwargs"]["enable_thinking"], true);
+        assert_eq!((node.body["logprobs"].clone(), node.body["top_logprobs"].clone()), (json!(true), json!(3)));
+        let cloud = request(Native::Generate, &req, "m", Audience::Cloud).expect("cloud");
+        assert!(cloud.body.get("chat_template_kwargs").is_none(), "a cloud API would refuse it");
+        assert_eq!(unmapped(&req, Audience::Cloud), vec!["think"]);
+        assert!(unmapped(&req, Audience::Node).is_empty());
+        let level =
+            request(Native::Chat, &json!({"messages": [], "think": "low"}), "m", Audience::Cloud).expect("level");
+        assert_eq!(level.body["reasoning_effort"], "low");
+        for bad in [json!({"prompt": "p", "raw": true}), json!({"prompt": "p", "suffix": "s"})] {
+            assert!(request(Native::Generate, &bad, "m", Audience::Node).is_err(), "{bad}");
+        }
+        assert!(
+            request(Native::Generate, &json!({"prompt": "p", "raw": false, "suffix": ""}), "m", Audience::Node).is_ok()
+        );
     }
 }
