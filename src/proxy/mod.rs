@@ -468,13 +468,15 @@ async fn fall_back(
     trace: &mut Option<Trace>,
 ) -> Result<Response, BrokerError> {
     let request_id = req.request_id.to_string();
-    let dropped = match req.path {
-        "/api/chat" | "/api/generate" => serde_json::from_slice::<serde_json::Value>(req.body)
+    let (path, body) = (req.path, req.body);
+    let fb = crate::cloud::fall_back(config, &shared.cloud_clients, req, local).await?;
+    // Only once a provider answered (a refused fallback must not build a tree of a huge body).
+    let dropped = match path {
+        "/api/chat" | "/api/generate" => serde_json::from_slice::<serde_json::Value>(body)
             .map(|v| crate::upstream::translate::unmapped(&v, crate::upstream::translate::Audience::Cloud).join(", "))
             .unwrap_or_default(),
         _ => String::new(),
     };
-    let fb = crate::cloud::fall_back(config, &shared.cloud_clients, req, local).await?;
     if let Some(t) = trace.as_mut() {
         t.mark_dispatched();
         t.mark_first_byte();
