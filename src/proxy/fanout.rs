@@ -2,6 +2,12 @@
 //! (the union of models, so a client sees one big Ollama), `/api/ps` (the union, each entry
 //! annotated with the `node` it is loaded on). Nodes are asked concurrently with the probe
 //! timeout; a node that does not answer is left out, not waited for.
+//!
+//! Model operations (pull, create, copy, delete, and the blob uploads a create needs) go to
+//! several nodes too, and answer in Ollama's shape so its clients read them to the end: each
+//! line's `error` is a string, no node's own end says `status: "success"` or `error`, and one
+//! final line after every node says `success` or names who failed and why (per-node results
+//! in `nodes`, a field clients ignore).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -208,7 +214,8 @@ fn targets(
     Ok(chosen)
 }
 
-/// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` on several nodes at once. Streamed
+/// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` (and blob uploads, `blob`) on several
+/// nodes at once. Streamed
 /// operations (pull and create, unless `"stream": false`) interleave every node's progress
 /// lines as they come, each tagged with `"node"`, and end with one summary line. Each node's
 /// part runs on the broker's task tracker, so shutdown waits for it within the drain bound.
@@ -225,6 +232,9 @@ pub(super) async fn model_op(
     model: Option<&str>,
     wait: Duration,
 ) -> Result<Response, BrokerError> {
+    if path.starts_with("/api/blobs/") {
+        return blob(shared, method, path, headers, body, wait).await;
+    }
     let nodes = targets(shared, path, headers, model)?;
     let limit = shared.config().queue.max_model_ops;
     let waited = tokio::time::Instant::now();
@@ -279,7 +289,7 @@ pub(super) async fn model_op(
 /// as Ollama does only when every node agrees: HEAD 200 when all hold it, else 404 (the client
 /// then uploads, and nodes that hold it already answer 200); POST 201 (200 when every node had
 /// it). A node that fails is named, as for the other model operations.
-pub(super) async fn blob(
+async fn blob(
     shared: &Shared,
     method: &Method,
     path: &str,

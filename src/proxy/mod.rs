@@ -270,14 +270,9 @@ async fn serve(
             let model = asked.model.as_deref().unwrap_or_default();
             return fanout::v1_model(shared, model).await.map_err(|e| (e, 0));
         }
-        Endpoint::ModelOp => {
+        Endpoint::ModelOp | Endpoint::Blob => {
             let model = asked.model.as_deref();
             return fanout::model_op(shared, &parts.method, &path, &parts.headers, body, model, asked.queue_timeout)
-                .await
-                .map_err(|e| (e, 0));
-        }
-        Endpoint::Blob => {
-            return fanout::blob(shared, &parts.method, &path, &parts.headers, body, asked.queue_timeout)
                 .await
                 .map_err(|e| (e, 0));
         }
