@@ -244,6 +244,12 @@ async fn pull_goes_to_the_named_nodes_with_per_node_progress() {
     assert_eq!(nodes, ["n0", "n2"].into_iter().collect(), "progress from the named nodes only");
     assert!(lines.iter().any(|l| l["node"] == "n0" && l["completed"].is_u64()), "byte progress per node");
     assert_eq!(lines.last().map(|l| l["status"].clone()), Some(json!("success")));
+    assert_eq!(lines.iter().filter(|l| l["status"] == "success").count(), 1, "one final success, after all nodes");
+    assert!(lines.iter().any(|l| l["status"] == "node n0: success" && l["node"] == "n0"), "each node's own end");
+    let last = lines.last().expect("lines");
+    let mut finished: Vec<&String> = last["nodes"].as_object().expect("per-node results").keys().collect();
+    finished.sort();
+    assert_eq!(finished, ["n0", "n2"], "the final line names each node's result");
     assert!(c.sims[0].models().contains(&"qwen3:4b".to_string()));
     assert!(!c.sims[1].models().contains(&"qwen3:4b".to_string()), "n1 was not named");
     assert!(c.sims[2].models().contains(&"qwen3:4b".to_string()));

@@ -13,12 +13,22 @@
 //! `.internal`; an `Origin` must be the request's own (`http(s)://` + Host), one of Ollama's
 //! defaults, or listed in the listener's `allowed_origins`. JSON endpoints refuse the three body
 //! types a form can send. The admin listener is stricter: loopback names and its own bind
-//! address only, and no `Origin` but its own. Nothing here adds CORS headers: neither listener
-//! lets another origin read its answers.
+//! address only, and no `Origin` but its own.
+//!
+//! CORS is Ollama's too (`cors.New` in `routes.go`, gin-contrib/cors): on the proxy listener an
+//! allowed cross-origin `Origin` (Ollama's defaults or `allowed_origins`) gets its preflight
+//! (`OPTIONS`) answered 204 with the methods and headers Ollama allows, plus Corral's own
+//! request headers, and every answer carries `Access-Control-Allow-Origin` echoing it. Any
+//! other origin gets no CORS header and the 403 above. The admin listener sends no CORS header
+//! at all: no other origin may read its answers.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
-use http::{header, HeaderMap};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
 use crate::config::ListenerConfig;
 use crate::error::BrokerError;
@@ -43,6 +53,24 @@ pub const DEFAULT_ORIGINS: &[&str] = &[
     "vscode-webview://*",
     "vscode-file://*",
 ];
+
+/// Request headers a cross-origin page may send: Ollama's `AllowHeaders` (its own and the
+/// openai SDK's), then Corral's own request headers.
+const ALLOW_HEADERS: &str = "Authorization, Content-Type, User-Agent, Accept, X-Requested-With, OpenAI-Beta, \
+x-stainless-arch, x-stainless-async, x-stainless-custom-poll-interval, x-stainless-helper-method, x-stainless-lang, \
+x-stainless-os, x-stainless-package-version, x-stainless-poll-helper, x-stainless-retry-count, x-stainless-runtime, \
+x-stainless-runtime-version, x-stainless-timeout, X-Request-Id, X-Corral-Category, X-Corral-Node, X-Corral-Session, \
+X-Corral-Queue-Timeout";
+
+/// gin-contrib/cors' `DefaultConfig` methods, which Ollama keeps.
+const ALLOW_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
+
+/// Response headers a page may read: Corral's own (which node answered, how many attempts).
+const EXPOSE_HEADERS: &str = "X-Request-Id, X-Corral-Request-Id, X-Corral-Node, X-Corral-Attempts, X-Corral-Fallback, \
+X-Corral-Forwarded, X-Corral-Context-Warning";
+
+/// How long a browser may cache a preflight answer (gin-contrib/cors' default, 12 hours).
+const MAX_AGE_SECS: &str = "43200";
 
 /// The body types a cross-site form or no-cors `fetch` may send without a preflight.
 const FORM_TYPES: [&str; 3] = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"];
@@ -139,6 +167,46 @@ pub(super) fn screen(listener: &ListenerConfig, headers: &HeaderMap, uri: &http:
         }
     }
     Ok(())
+}
+
+/// CORS for the proxy listener, as Ollama answers it. A request with no `Origin`, or with the
+/// request's own, is no CORS request and passes untouched; a foreign origin that is not
+/// allowed passes on to `screen`'s 403 with no CORS header. For an allowed origin, `OPTIONS`
+/// is a preflight answered here (after the `Host` check, so a rebinding page learns nothing),
+/// and every other answer gets `Access-Control-Allow-Origin` echoing the origin.
+pub(super) async fn cors(State(listener): State<Arc<ListenerConfig>>, req: Request, next: Next) -> Response {
+    let host = host_of(req.headers(), req.uri()).map(str::to_string);
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    let allowed = origin.filter(|o| {
+        let o = o.to_str().unwrap_or("\u{fffd}");
+        !host.as_deref().is_some_and(|h| same_origin(o, h))
+            && origin_allowed(o, host.as_deref(), &listener.allowed_origins)
+    });
+    let Some(origin) = allowed else { return next.run(req).await };
+    let mut response = if req.method() == Method::OPTIONS {
+        match screen(&listener, req.headers(), req.uri()) {
+            Err(e) => e.into_response(),
+            Ok(()) => preflight(),
+        }
+    } else {
+        next.run(req).await
+    };
+    let h = response.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, HeaderValue::from_static(EXPOSE_HEADERS));
+    response
+}
+
+/// The answer to an allowed origin's preflight: 204 with the methods and headers allowed.
+fn preflight() -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static(ALLOW_METHODS));
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static(ALLOW_HEADERS));
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static(MAX_AGE_SECS));
+    h.insert(header::VARY, HeaderValue::from_static("Access-Control-Request-Method, Access-Control-Request-Headers"));
+    r
 }
 
 /// A JSON endpoint's body type, for requests a browser sent: anything but what a form or a

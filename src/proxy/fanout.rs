@@ -2,6 +2,12 @@
 //! (the union of models, so a client sees one big Ollama), `/api/ps` (the union, each entry
 //! annotated with the `node` it is loaded on). Nodes are asked concurrently with the probe
 //! timeout; a node that does not answer is left out, not waited for.
+//!
+//! Model operations (pull, create, copy, delete, and the blob uploads a create needs) go to
+//! several nodes too, and answer in Ollama's shape so its clients read them to the end: each
+//! line's `error` is a string, no node's own end says `status: "success"` or `error`, and one
+//! final line after every node says `success` or names who failed and why (per-node results
+//! in `nodes`, a field clients ignore).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use serde_json::{json, Value};
 use crate::error::BrokerError;
 use crate::node::Node;
 use crate::state::{Gathered, Shared};
+use crate::upstream::translate::native_error;
 use crate::upstream::Upstream;
 
 /// How long a merged metadata answer is reused: a burst of clients costs each node one request.
@@ -207,7 +214,8 @@ fn targets(
     Ok(chosen)
 }
 
-/// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` on several nodes at once. Streamed
+/// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` (and blob uploads, `blob`) on several
+/// nodes at once. Streamed
 /// operations (pull and create, unless `"stream": false`) interleave every node's progress
 /// lines as they come, each tagged with `"node"`, and end with one summary line. Each node's
 /// part runs on the broker's task tracker, so shutdown waits for it within the drain bound.
@@ -224,6 +232,9 @@ pub(super) async fn model_op(
     model: Option<&str>,
     wait: Duration,
 ) -> Result<Response, BrokerError> {
+    if path.starts_with("/api/blobs/") {
+        return blob(shared, method, path, headers, body, wait).await;
+    }
     let nodes = targets(shared, path, headers, model)?;
     let limit = shared.config().queue.max_model_ops;
     let waited = tokio::time::Instant::now();
@@ -266,17 +277,97 @@ pub(super) async fn model_op(
     }
     drop(tx);
     if streamed {
-        let mut r = Response::new(axum::body::Body::from_stream(progress(rx, nodes.len())));
+        let mut r = Response::new(axum::body::Body::from_stream(progress(rx, nodes.len(), op_name(path))));
         r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/x-ndjson"));
         return Ok(r);
     }
-    collected(rx).await
+    collected(rx, op_name(path)).await
+}
+
+/// `HEAD|POST /api/blobs/:digest`: sent to the nodes a following `/api/create` goes to (those in
+/// `X-Corral-Node`, else every available node), so each has the blob the create names. Answered
+/// as Ollama does only when every node agrees: HEAD 200 when all hold it, else 404 (the client
+/// then uploads, and nodes that hold it already answer 200); POST 201 (200 when every node had
+/// it). A node that fails is named, as for the other model operations.
+async fn blob(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    wait: Duration,
+) -> Result<Response, BrokerError> {
+    let nodes = targets(shared, "/api/create", headers, None)?;
+    let waited = tokio::time::Instant::now();
+    let _slot = tokio::time::timeout(wait, shared.model_ops.enter(shared.config().queue.max_model_ops))
+        .await
+        .map_err(|_| BrokerError::QueueTimeout { waited_ms: waited.elapsed().as_millis() as u64 })?;
+    let content_type = headers.get(http::header::CONTENT_TYPE).cloned();
+    let asks = nodes.iter().map(|node| {
+        let mut request = shared.client.request(method.clone(), Upstream::node(node).url(path)).body(body.clone());
+        if let Some(t) = &content_type {
+            request = request.header(http::header::CONTENT_TYPE, t.clone());
+        }
+        async move {
+            let result = match request.send().await {
+                Err(e) => (502, Some(format!("cannot reach node: {}", e.without_url()))),
+                Ok(r) if r.status().is_success() => (r.status().as_u16(), None),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let text = crate::upstream::read_small(r, Duration::from_secs(2)).await;
+                    let error = native_error(text.as_bytes())["error"].as_str().unwrap_or_default().to_string();
+                    (status, Some(if error.is_empty() { format!("HTTP {status}") } else { error }))
+                }
+            };
+            (node.name().to_string(), result)
+        }
+    });
+    let results: Results = futures_util::future::join_all(asks).await.into_iter().collect();
+    let digest = path.trim_start_matches("/api/blobs/");
+    let all_ok = results.values().all(|(_, e)| e.is_none());
+    if *method == Method::HEAD {
+        if all_ok {
+            return Ok(http::StatusCode::OK.into_response());
+        }
+        if results.values().all(|(s, e)| e.is_none() || *s == 404) {
+            let error = json!({ "error": format!("blob \"{digest}\" not found") });
+            return Ok((http::StatusCode::NOT_FOUND, axum::Json(error)).into_response());
+        }
+    }
+    if all_ok {
+        let created = results.values().any(|(s, _)| *s == 201);
+        return Ok(if created { http::StatusCode::CREATED } else { http::StatusCode::OK }.into_response());
+    }
+    Ok(answer(&results, op_name(path)))
 }
 
 type NodeEvents = tokio::sync::mpsc::Receiver<(String, NodeEvent)>;
 
-/// Every node's progress lines as they come, each tagged with its node, then one summary.
-fn progress(rx: NodeEvents, total: usize) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+/// How each node's part ended: its HTTP status and, when it failed, the node's own words.
+type Results = BTreeMap<String, (u16, Option<String>)>;
+
+/// The operation's name in the final line ("pull failed on 1 of 3 nodes: ...").
+fn op_name(path: &str) -> &'static str {
+    match path {
+        "/api/pull" => "pull",
+        "/api/create" => "create",
+        "/api/copy" => "copy",
+        "/api/delete" => "delete",
+        _ => "blob upload",
+    }
+}
+
+/// Every node's progress lines as they come, each tagged with its node, then one final line.
+///
+/// Clients stop reading at the first line that has `error` (ollama-py and ollama-js raise it,
+/// Go's client returns it) or `status: "success"` (ollama-js), so only the final line may say
+/// either: a node's own end is `"status": "node n0: success"` (or `"... failed: <why>"`, the
+/// reason also in `node_error`), never `error` or `success` on its own.
+fn progress(
+    rx: NodeEvents,
+    total: usize,
+    op: &'static str,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     futures_util::stream::unfold((rx, BTreeMap::new()), move |(mut rx, mut done)| async move {
         if done.len() == total {
             return None;
@@ -290,13 +381,13 @@ fn progress(rx: NodeEvents, total: usize) -> impl futures_util::Stream<Item = Re
                 format!("{v}\n")
             }
             NodeEvent::Done { status, error } => {
-                done.insert(node.clone(), (status, error.clone()));
-                let mut line = json!({ "node": node, "status": if error.is_none() { "success" } else { "failed" } });
-                if let Some(e) = &error {
-                    line["error"] = Value::String(format!("{node}: {e}"));
-                }
+                let line = match &error {
+                    None => json!({ "status": format!("node {node}: success"), "node": node }),
+                    Some(e) => json!({ "status": format!("node {node}: failed: {e}"), "node": node, "node_error": e }),
+                };
+                done.insert(node, (status, error));
                 if done.len() == total {
-                    format!("{line}\n{}\n", summary(&done, total))
+                    format!("{line}\n{}\n", summary(&done, op))
                 } else {
                     format!("{line}\n")
                 }
@@ -306,45 +397,53 @@ fn progress(rx: NodeEvents, total: usize) -> impl futures_util::Stream<Item = Re
     })
 }
 
-/// The last line of a streamed model operation: success on every node, or who failed.
-fn summary(done: &BTreeMap<String, (u16, Option<String>)>, total: usize) -> Value {
+/// The one final answer of a model operation, in Ollama's shape: `{"status": "success"}` when
+/// every node succeeded, else `{"error": "<op> failed on k of n nodes: <node>: <why>; ..."}`
+/// (a string, as clients expect). Per-node results ride in `nodes`, a field clients ignore.
+fn summary(done: &Results, op: &str) -> Value {
+    let nodes: serde_json::Map<String, Value> = done
+        .iter()
+        .map(|(n, (status, e))| {
+            let v = match e {
+                None => json!({ "status": "success" }),
+                Some(e) => json!({ "status": "failed", "http_status": status, "error": e }),
+            };
+            (n.clone(), v)
+        })
+        .collect();
     let failed: Vec<String> = done.iter().filter_map(|(n, (_, e))| e.as_ref().map(|e| format!("{n}: {e}"))).collect();
     if failed.is_empty() {
-        json!({ "status": "success", "nodes": done.keys().collect::<Vec<_>>() })
-    } else {
-        json!({ "error": format!("failed on {} of {} nodes: {}", failed.len(), total, failed.join("; ")), "code": "upstream_failed" })
+        return json!({ "status": "success", "nodes": nodes });
     }
+    let error = format!("{op} failed on {} of {} nodes: {}", failed.len(), done.len(), failed.join("; "));
+    json!({ "error": error, "code": "upstream_failed", "nodes": nodes })
 }
 
 /// A non-streamed model operation: wait for every node, then one answer.
-async fn collected(mut rx: NodeEvents) -> Result<Response, BrokerError> {
-    let mut results: BTreeMap<String, (u16, Option<String>)> = BTreeMap::new();
+async fn collected(mut rx: NodeEvents, op: &str) -> Result<Response, BrokerError> {
+    let mut results = Results::new();
     while let Some((node, event)) = rx.recv().await {
         if let NodeEvent::Done { status, error } = event {
             results.insert(node, (status, error));
         }
     }
-    let failed: Vec<(&String, &(u16, Option<String>))> = results.iter().filter(|(_, (_, e))| e.is_some()).collect();
+    Ok(answer(&results, op))
+}
+
+/// One JSON answer for a fanned-out operation: success, the nodes' own client error when every
+/// node gave the same one (say, 404 model not found), else 502 naming who failed and why.
+fn answer(results: &Results, op: &str) -> Response {
+    let failed: Vec<(u16, &str)> = results.values().filter_map(|(s, e)| e.as_deref().map(|e| (*s, e))).collect();
     if failed.is_empty() {
-        let nodes: Vec<&String> = results.keys().collect();
-        return Ok(axum::Json(json!({ "status": "success", "nodes": nodes })).into_response());
+        return axum::Json(summary(results, op)).into_response();
     }
-    // The same client error everywhere (say, 404 model not found) is the node's own answer.
-    let statuses: std::collections::BTreeSet<u16> = failed.iter().map(|(_, (s, _))| *s).collect();
+    let statuses: std::collections::BTreeSet<u16> = failed.iter().map(|(s, _)| *s).collect();
     if failed.len() == results.len() && statuses.len() == 1 && statuses.iter().all(|s| (400..500).contains(s)) {
-        let status = http::StatusCode::from_u16(*statuses.iter().next().unwrap_or(&400))
-            .unwrap_or(http::StatusCode::BAD_REQUEST);
-        let error = failed[0].1 .1.clone().unwrap_or_default();
-        return Ok((status, axum::Json(json!({ "error": error }))).into_response());
+        let status = http::StatusCode::from_u16(failed[0].0).unwrap_or(http::StatusCode::BAD_REQUEST);
+        return (status, axum::Json(json!({ "error": failed[0].1 }))).into_response();
     }
-    Err(BrokerError::UpstreamFailed {
-        attempts: results.len() as u32,
-        detail: failed
-            .iter()
-            .map(|(n, (s, e))| format!("{n}: HTTP {s} {}", e.as_deref().unwrap_or("")))
-            .collect::<Vec<_>>()
-            .join("; "),
-    })
+    let e = BrokerError::UpstreamFailed { attempts: results.len() as u32, detail: String::new() };
+    (e.status(), axum::Json(summary(results, op))).into_response()
 }
 
 /// What one node's part of a model operation produced.
@@ -363,13 +462,15 @@ async fn relay_lines(
     let mut stream = resp.bytes_stream();
     let mut buf: Vec<u8> = Vec::new();
     let mut error = None;
+    // A node's `error` line is its verdict (kept for the final line, as a string whatever shape
+    // the node gave it); its own `success` line is reported by the `Done` event instead.
     let handle = |line: &[u8], error: &mut Option<String>| -> Option<Value> {
         let v: Value = serde_json::from_slice(line).ok()?;
-        if let Some(e) = v.get("error").and_then(Value::as_str) {
-            *error = Some(e.to_string());
+        if v.get("error").is_some_and(|e| !e.is_null()) {
+            *error = native_error(line)["error"].as_str().map(str::to_string);
             return None;
         }
-        Some(v)
+        (v.get("status").and_then(Value::as_str) != Some("success")).then_some(v)
     };
     loop {
         match stream.next().await {
@@ -397,6 +498,10 @@ async fn relay_lines(
     }
     if !(200..300).contains(&status) && error.is_none() {
         error = Some(format!("HTTP {status}"));
+    }
+    if (200..300).contains(&status) && error.is_some() {
+        // Ollama streams a failure after its 200 (`streamResponse`): the node still failed.
+        return NodeEvent::Done { status: 500, error };
     }
     NodeEvent::Done { status, error }
 }

@@ -229,13 +229,21 @@ async fn attempt_once(
     let first_byte = config.proxy.first_byte_timeout();
     let sent = upstream::send(request, first_byte).await.map_err(|e| failed(&mut guard, e))?;
     let status = sent.response.status();
+    let native = plan.as_ref().and_then(|p| p.native);
     if status.is_server_error() {
         let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
+        if says_unsupported(&body) {
+            // The request itself is what the node cannot do: its answer, not its failure.
+            tracing::debug!(node = %node.name(), status = status.as_u16(), "node cannot serve this request");
+            guard.judge(Outcome::Success);
+            let native_path = native.is_some() || out.path_and_query.starts_with("/api/");
+            let body = if native_path { native_error(body.as_bytes()).to_string() } else { body };
+            return Ok(Attempt::Whole(whole(status, body)));
+        }
         let busy = status == StatusCode::SERVICE_UNAVAILABLE && body.contains("server busy");
         let outcome = if busy { Outcome::Busy } else { Outcome::Failed };
         return Err(judged(&mut guard, outcome, format!("HTTP {} {}", status.as_u16(), body.trim())));
     }
-    let native = plan.as_ref().and_then(|p| p.native);
     if status == StatusCode::NOT_FOUND && out.model.is_some() && !out.path_and_query.starts_with("/api/show") {
         return not_found(guard, out, sent.response, native.is_some()).await;
     }
@@ -285,6 +293,14 @@ fn says_model_missing(body: &str) -> bool {
     };
     let m = message.to_ascii_lowercase();
     m.contains("model") && (m.contains("not found") || m.contains("does not exist"))
+}
+
+/// Whether a node's 5xx says the request itself is unsupported (llama.cpp's 500 "image input is
+/// not supported", a model that "does not support tools"): sending it again, here or to a twin
+/// node, gets the same answer, so it is passed to the client and never retried.
+fn says_unsupported(body: &str) -> bool {
+    let m = native_error(body.as_bytes())["error"].as_str().unwrap_or_default().to_ascii_lowercase();
+    ["not supported", "unsupported", "does not support"].iter().any(|s| m.contains(s))
 }
 
 /// The answer's body (translated back for an OpenAI-compatible node) up to its first chunk.
@@ -346,6 +362,17 @@ mod tests {
         ));
         assert!(!says_model_missing("404 page not found"), "Go's mux: an unknown route, not a model");
         assert!(!says_model_missing(r#"{"error":"file not found"}"#), "not about a model");
+    }
+
+    #[test]
+    fn only_a_5xx_about_the_request_itself_is_the_nodes_answer() {
+        assert!(says_unsupported(
+            r#"{"error":{"code":500,"message":"image input is not supported - hint: provide the mmproj","type":"server_error"}}"#
+        ));
+        assert!(says_unsupported(r#"{"error":"registry.ollama.ai/library/x does not support tools"}"#));
+        assert!(says_unsupported("Unsupported param: logprobs"));
+        assert!(!says_unsupported(r#"{"error":"simulated failure (500)"}"#));
+        assert!(!says_unsupported(r#"{"error":"CUDA error: out of memory"}"#), "may pass on another node");
     }
 
     #[test]

@@ -43,7 +43,8 @@ pub struct ProxyState {
 }
 
 pub fn router(state: ProxyState) -> axum::Router {
-    axum::Router::new().fallback(handle).with_state(state)
+    let cors = axum::middleware::from_fn_with_state(Arc::clone(&state.listener), browser::cors);
+    axum::Router::new().fallback(handle).layer(cors).with_state(state)
 }
 
 /// What kind of endpoint a request is for.
@@ -53,7 +54,7 @@ enum Endpoint {
     Root,
     /// Needs a node that has the request's model.
     Model,
-    /// Any serving node will do (`/api/version`, pulls, blobs).
+    /// Any serving node will do (`/api/version`).
     AnyNode,
     /// Merged across nodes.
     Tags,
@@ -64,6 +65,8 @@ enum Endpoint {
     V1Model,
     /// Pull, delete, copy, create: sent to the nodes named in `X-Corral-Node`, or all.
     ModelOp,
+    /// `HEAD|POST /api/blobs/:digest`: to the nodes a following create goes to.
+    Blob,
 }
 
 /// Whether a request changes what the nodes hold (pull, delete, create, copy, push, blobs):
@@ -109,7 +112,7 @@ fn classify(method: &Method, path: &str) -> Option<Endpoint> {
         "/api/push" if post => Model,
         "/api/pull" | "/api/create" | "/api/copy" if post => ModelOp,
         "/api/delete" if method == Method::DELETE => ModelOp,
-        p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => AnyNode,
+        p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => Blob,
         p if p.starts_with("/v1/models/") && get => V1Model,
         _ => return None,
     })
@@ -342,7 +345,7 @@ async fn answered_without_forwarding(
         Endpoint::Ps => fanout::ps(shared).await,
         Endpoint::V1Models => fanout::v1_models(shared).await,
         Endpoint::V1Model => fanout::v1_model(shared, model.unwrap_or_default()).await,
-        Endpoint::ModelOp => {
+        Endpoint::ModelOp | Endpoint::Blob => {
             let (method, path, headers) = (&parts.method, parts.uri.path(), &parts.headers);
             fanout::model_op(shared, method, path, headers, body.clone(), model, asked.queue_timeout).await
         }

@@ -428,13 +428,17 @@ impl Shared {
 
 /// Applies scripted statuses, flapping and hangs; `Some(response)` when a fault answers.
 async fn fault_gate(s: &Shared, v1: bool) -> Result<Pace, Response> {
-    let (status, pace, hang) = {
+    let (status, pace, hang, text) = {
         let mut f = s.faults();
-        (f.next_status(), Pace::of(&s.spec, &f), f.hang)
+        (f.next_status(), Pace::of(&s.spec, &f), f.hang, f.script_error.clone())
     };
     if let Some(code) = status.filter(|c| *c != 200) {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let msg = if code == 503 { BUSY.to_string() } else { format!("simulated failure ({code})") };
+        let msg = match text {
+            Some(t) => t,
+            None if code == 503 => BUSY.to_string(),
+            None => format!("simulated failure ({code})"),
+        };
         return Err(error(v1, status, &msg));
     }
     if hang {

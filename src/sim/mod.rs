@@ -109,6 +109,12 @@ pub struct Faults {
     pub fail_probes: bool,
     /// Alternate between up and failing (everything 500) every N liveness probes.
     pub flap_every: Option<u32>,
+    /// The error text scripted statuses answer with (say, llama.cpp's "image input is not
+    /// supported"), instead of "simulated failure (<status>)".
+    pub script_error: Option<String>,
+    /// Pulls fail with this error, as Ollama's do: streamed after the manifest line (the status
+    /// stays 200), or 500 when not streamed.
+    pub fail_pulls: Option<String>,
 }
 
 impl Faults {
@@ -138,6 +144,8 @@ struct Shared {
     faults: Mutex<Faults>,
     /// Models on "disk" (`/api/tags`): starts as the spec's, changed by pull, copy, create, delete.
     models: Mutex<Vec<String>>,
+    /// Digests uploaded with `POST /api/blobs/:digest`.
+    blobs: Mutex<Vec<String>>,
     received: Mutex<Vec<Received>>,
     loaded: Mutex<Vec<String>>,
     slots: Arc<Semaphore>,
@@ -212,6 +220,7 @@ impl SimNode {
             addr,
             faults: Mutex::new(Faults::default()),
             received: Mutex::new(Vec::new()),
+            blobs: Mutex::new(Vec::new()),
             loaded: Mutex::new(Vec::new()),
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
@@ -284,6 +293,11 @@ impl SimNode {
     }
 
     /// Answers mid-stream right now: first chunk sent, not ended.
+    /// Digests this node holds blobs for.
+    pub fn blobs(&self) -> Vec<String> {
+        self.shared.blobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub fn streaming(&self) -> usize {
         self.shared.streaming.load(Ordering::Acquire)
     }

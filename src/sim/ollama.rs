@@ -46,7 +46,9 @@ pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
         (Method::POST, "/api/pull") => pull(s, &call.body).await,
         (Method::DELETE, "/api/delete") => delete(&s, call.model),
         (Method::POST, "/api/copy") => copy(&s, call.json.as_ref()),
-        (Method::POST, "/api/create") => create(&s, call.model),
+        (Method::POST, "/api/create") => create(&s, call.model, call.json.as_ref()),
+        (Method::HEAD, p) if p.starts_with("/api/blobs/") => has_blob(&s, p),
+        (Method::POST, p) if p.starts_with("/api/blobs/") => put_blob(&s, p),
         (Method::POST, "/api/push") => push(&s, call.model),
         _ => not_found(),
     }
@@ -165,10 +167,17 @@ async fn pull(s: Arc<Shared>, body: &Bytes) -> Response {
         req.as_ref().and_then(|v| v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_string));
     let Some(model) = model else { return error(StatusCode::BAD_REQUEST, "model is required") };
     let stream = req.as_ref().and_then(|v| v.get("stream")).and_then(Value::as_bool).unwrap_or(true);
-    let pace = {
+    let (pace, failure) = {
         let f = s.faults();
-        Pace::of(&s.spec, &f)
+        (Pace::of(&s.spec, &f), f.fail_pulls.clone())
     };
+    if let Some(e) = failure {
+        if !stream {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, &e);
+        }
+        let body = format!("{}\n{}\n", json!({"status": "pulling manifest"}), json!({ "error": e }));
+        return (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
+    }
     let total = model_size(&model);
     let d = digest(&model);
     let mut lines = vec![json!({"status": "pulling manifest"})];
@@ -221,7 +230,41 @@ fn copy(s: &Shared, req: Option<&Value>) -> Response {
     }
 }
 
-fn create(s: &Shared, model: Option<String>) -> Response {
+/// `HEAD /api/blobs/:digest`: 200 when held, else Ollama's 404.
+fn has_blob(s: &Shared, path: &str) -> Response {
+    let digest = path.trim_start_matches("/api/blobs/");
+    if s.blobs.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|d| d == digest) {
+        return StatusCode::OK.into_response();
+    }
+    error(StatusCode::NOT_FOUND, &format!("blob \"{digest}\" not found"))
+}
+
+/// `POST /api/blobs/:digest`: 201 when stored, 200 when held already. The digest is taken on
+/// trust (Ollama checks it against the body).
+fn put_blob(s: &Shared, path: &str) -> Response {
+    let digest = path.trim_start_matches("/api/blobs/").to_string();
+    let mut blobs = s.blobs.lock().unwrap_or_else(|p| p.into_inner());
+    if blobs.contains(&digest) {
+        return StatusCode::OK.into_response();
+    }
+    blobs.push(digest);
+    StatusCode::CREATED.into_response()
+}
+
+/// `/api/create`: every blob named in `files` must have been uploaded to this node, else the
+/// create fails in-stream as Ollama's does when it cannot open the blob.
+fn create(s: &Shared, model: Option<String>, req: Option<&Value>) -> Response {
+    let files = req.and_then(|v| v.get("files")).and_then(Value::as_object);
+    let missing = files
+        .into_iter()
+        .flatten()
+        .filter_map(|(_, d)| d.as_str())
+        .find(|d| !s.blobs.lock().unwrap_or_else(|p| p.into_inner()).iter().any(|b| b == d));
+    if let (Some(d), Some(_)) = (missing, &model) {
+        let e = json!({ "error": format!("open blobs/{}: no such file or directory", d.replace(':', "-")) });
+        let body = format!("{{\"status\":\"reading model metadata\"}}\n{e}\n");
+        return (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
+    }
     match model {
         Some(m) => {
             s.add_model(&m);
