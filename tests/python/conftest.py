@@ -9,6 +9,27 @@ import queue
 
 import pytest
 
+# litellm (a client under test) fetches its model cost map from GitHub at import unless told not
+# to; the suite talks to loopback only.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_TELEMETRY", "False")
+
+
+_connect = socket.socket.connect
+
+
+def _loopback_only(self, address):
+    """Every client library under test talks to Corral on loopback; a connect anywhere else is a
+    test bug (or a library phoning home), so it fails loudly instead of reaching the Internet."""
+    if self.family in (socket.AF_INET, socket.AF_INET6):
+        host = address[0]
+        if host not in ("127.0.0.1", "::1", "localhost") and not host.startswith("127."):
+            raise OSError(f"tests/python talks to loopback only; refused a connect to {address!r}")
+    return _connect(self, address)
+
+
+socket.socket.connect = _loopback_only
+
 BIN = os.environ.get("CORRAL_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "target", "debug", "corral")
 
 
@@ -57,19 +78,33 @@ def sims():
     proc.stop()
 
 
+def _serve_over(sims, extra=""):
+    tmp = tempfile.mkdtemp(prefix="corral-py-")
+    cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp}/corral.db\"\n\n{extra}"
+    for i, url in enumerate(sims):
+        cfg += f"[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n"
+    path = os.path.join(tmp, "corral.toml")
+    with open(path, "w") as f:
+        f.write(cfg)
+    proc = Proc("serve", "--config", path)
+    (url,) = proc.urls("serving the Ollama API on")
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def served(sims):
+    """`corral serve` over the module's three sims (named gpu0..gpu2), for tests that look at
+    what the sims received. Yields the broker URL."""
+    proc, url = _serve_over(sims)
+    yield url
+    proc.stop()
+
+
 @pytest.fixture(scope="module", params=["serve", "demo"])
 def corral(request, sims):
     """Base URL of a running broker: `corral serve` over three sims, or `corral demo`."""
     if request.param == "serve":
-        tmp = tempfile.mkdtemp(prefix="corral-py-")
-        cfg = f"[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{tmp}/corral.db\"\n\n"
-        for i, url in enumerate(sims):
-            cfg += f"[[nodes]]\nname = \"gpu{i}\"\nurl = \"{url}\"\n\n"
-        path = os.path.join(tmp, "corral.toml")
-        with open(path, "w") as f:
-            f.write(cfg)
-        proc = Proc("serve", "--config", path)
-        (url,) = proc.urls("serving the Ollama API on")
+        proc, url = _serve_over(sims)
     else:
         proc = Proc("demo", "--port", str(free_port()), "--admin-port", "0", "--db", os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "demo.db"))
         (url,) = proc.urls("Ollama API:")
@@ -87,7 +122,7 @@ def write_config(body):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fallback():
     """`corral serve` whose only node is down, with a simulated OpenAI-compatible cloud that
     `default` may fall back to. Yields (broker URL, cloud sim URL)."""
@@ -106,31 +141,22 @@ def fallback():
     cloud.stop()
 
 
-def _shared_dir():
-    """The team's shared folder (recipes for a real llama.cpp node): CORRAL_SHARED, else
-    `shared/` beside this checkout, else /work/shared."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (os.environ.get("CORRAL_SHARED"), os.path.join(here, "..", "..", "..", "shared"), "/work/shared"):
-        if d and os.path.isfile(os.path.join(d, "recipes", "make_tiny_gguf.py")):
-            return d
-    raise RuntimeError("cannot find shared/recipes/make_tiny_gguf.py: set CORRAL_SHARED to the shared folder")
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def llamacpp():
     """`corral serve` whose only node is a real llama.cpp server (kind = "openai") running a
-    generated tiny model (../shared/recipes/real-backend.md). Yields the broker URL."""
+    generated tiny model (fixtures/make_tiny_gguf.py, served by fixtures/serve_xllamacpp.py from
+    the xllamacpp wheel in requirements.txt). Yields the broker URL."""
     import sys
 
-    shared = _shared_dir()
     tmp = tempfile.mkdtemp(prefix="corral-llm-")
     model = os.path.join(tmp, "tiny.gguf")
-    subprocess.run([sys.executable, os.path.join(shared, "recipes", "make_tiny_gguf.py"), model], check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(FIXTURES, "make_tiny_gguf.py"), model], check=True, capture_output=True)
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, os.path.join(shared, "recipes", "serve_xllamacpp.py"), model, "--port", str(port), "--alias", "tiny", "--threads", "1"],
+        [sys.executable, os.path.join(FIXTURES, "serve_xllamacpp.py"), model, "--port", str(port), "--alias", "tiny", "--threads", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -156,3 +182,15 @@ def llamacpp():
     proc.stop()
     server.kill()
     server.wait()
+
+
+def sim_received(urls):
+    """Every request the sims at `urls` recorded (`/_sim/received`), in one list."""
+    import json
+    import urllib.request
+
+    seen = []
+    for u in urls:
+        with urllib.request.urlopen(f"{u}/_sim/received", timeout=5) as r:
+            seen.extend(json.load(r))
+    return seen
