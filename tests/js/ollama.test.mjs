@@ -137,18 +137,14 @@ test("pull with progress", async () => {
   assert.ok(seen.some((p) => p.total && p.completed !== undefined), "layer progress carries total / completed");
 });
 
-test("pull to three healthy nodes: every node has the model when the client is done", {
-  todo: "issue 13 (fan-out shape, wt-cg): each node's own {status:\"success\"} is relayed mid-stream and ollama-js returns at the first one, while the other nodes are still pulling",
-}, async () => {
+test("pull to three healthy nodes: every node has the model when the client is done", async () => {
   for await (const _ of await uneven.pull({ model: "corral-js-everywhere", stream: true }));
   for (const sim of unevenSims) {
     assert.ok((await tags(sim)).includes("corral-js-everywhere:latest"), `${sim} has the model`);
   }
 });
 
-test("pull to three nodes, one failing: the client reads to the end and reports the failing node", {
-  todo: "issue 13 (fan-out shape, wt-cg): ollama-js throws on the failing node's mid-stream {error} line, or returns at the first node's {status:\"success\"}, so it stops reading and the healthy pulls are cut off",
-}, async () => {
+test("pull to three nodes, one failing: the client reads to the end and reports the failing node", async () => {
   const seen = [];
   let error;
   try {

@@ -48,7 +48,6 @@ def test_embedding(corral):
     assert len(e.get_text_embedding_batch(["a", "b", "c"])) == 3
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: /api/show answers 501 on an openai-kind node, and Ollama(...) asks show for the context window first")
 def test_complete_on_llamacpp(llamacpp):
     r = llm(llamacpp, "tiny").complete("hello")
     assert r.text

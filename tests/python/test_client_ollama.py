@@ -68,7 +68,6 @@ def test_delete_of_a_missing_model_is_a_404(corral):
     assert e.value.status_code == 404
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: Ollama says `model 'x' not found` (its CLI matches on it); Corral says `model \"x\" is not served by any configured node`")
 def test_delete_of_a_missing_model_is_worded_as_ollama_words_it(corral):
     with pytest.raises(ollama.ResponseError) as e:
         ollama.Client(host=corral).delete("corral-py-never-there")
@@ -106,7 +105,6 @@ def test_chat_generate_embed_list_on_llamacpp(llamacpp):
     assert "tiny" in {m.model for m in c.list().models}
 
 
-@pytest.mark.xfail(strict=True, reason="issue 13: /api/show answers 501 on an openai-kind node")
 def test_show_on_llamacpp(llamacpp):
     assert ollama.Client(host=llamacpp).show("tiny").details is not None
 

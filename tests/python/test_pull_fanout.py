@@ -35,10 +35,6 @@ def has_model(sim_url, model):
         return model in {m["name"] for m in json.load(r)["models"]}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 13 (fan-out shape, wt-cg): the failing node's line {\"node\":\"gpu2\",\"status\":\"failed\","
-    "\"error\":\"gpu2: cannot reach node: ...\"} comes first and ollama-py raises ResponseError on it, "
-    "so the client stops reading and the healthy nodes' pulls are cut off (client went away)"))
 def test_ollama_py_pull_to_three_nodes_one_failing(three_nodes_one_down):
     url, sims = three_nodes_one_down
     seen, error = [], None
