@@ -420,13 +420,8 @@ fn config_import_edits_the_file_in_place_keeping_comments() {
         "# the team's cluster\n[[nodes]]\nname = \"gpu0\" # big box\nurl = \"http://127.0.0.1:11434\"\n",
     );
     let shared = temp_file("shared-node", "[[nodes]]\nname = \"gpu1\"\nurl = \"http://127.0.0.1:11435\"\n");
-    let (code, out, err) = run(&[
-        "config",
-        "import",
-        shared.to_str().unwrap_or_default(),
-        "--config",
-        mine.to_str().unwrap_or_default(),
-    ]);
+    let (code, out, err) =
+        run(&["config", "import", shared.to_str().unwrap_or_default(), "--config", mine.to_str().unwrap_or_default()]);
     assert_eq!(code, 0, "{out}\n{err}");
     let text = std::fs::read_to_string(&mine).expect("read");
     assert!(text.contains("# the team's cluster") && text.contains("# big box"), "comments stay:\n{text}");

@@ -419,3 +419,26 @@ async fn loads_and_unloads_generate_nothing_anywhere() {
     assert!(!r.status().is_success(), "a load with every node down fails locally");
     assert_eq!(cloud_calls(&cloud), 0, "neither a load nor an unload was sent to the provider");
 }
+
+#[tokio::test]
+async fn show_during_an_outage_answers_a_remote_model_where_the_cloud_is_allowed() {
+    let cloud = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("cloudsim", &cloud)]).await;
+    c.learn_models().await;
+    stop_all(&c);
+    let show = |category: &'static str| {
+        c.client
+            .post(c.url("/api/show"))
+            .header("x-corral-category", category)
+            .json(&json!({"model": "llama3.2"}))
+            .send()
+    };
+    let r = show("default").await.expect("answer");
+    assert_eq!(r.status(), 200, "clients that ask show before chatting keep working");
+    assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["remote_model"], "gpt-4o-mini");
+    assert!(v["details"].is_object() && v["capabilities"][0] == "completion", "{v}");
+    assert!(!show("hr").await.expect("answer").status().is_success(), "a never category says the cluster is down");
+    assert_eq!(cloud_calls(&cloud), 0, "show costs the provider nothing");
+}

@@ -142,6 +142,38 @@ fn mapped_by_a_provider(config: &Config, category: &CategoryConfig, model: &str)
         .any(|p| [model, bare, tagged.as_ref()].iter().any(|m| p.model_map.contains_key(*m)))
 }
 
+/// `/api/show` while the cluster cannot answer it, for a category that may use the cloud:
+/// Ollama's `ShowResponse` of a remote model (`remote_model`, `remote_host`, as Ollama shows
+/// its own cloud models), so clients that ask show before they chat (llama-index,
+/// `ollama run`) keep working through an outage. `None` where the category may not use the
+/// cloud, or no provider takes the model. Returns the provider's name with the answer.
+pub fn show(config: &Config, category: &CategoryConfig, model: &str, local: &BrokerError) -> Option<(String, Value)> {
+    if category.cloud == CloudPermission::Never {
+        return None;
+    }
+    if matches!(local, BrokerError::ModelNotFound(_)) && !mapped_by_a_provider(config, category, model) {
+        return None;
+    }
+    let p = category.providers.iter().find_map(|n| config.providers.iter().find(|p| &p.name == n))?;
+    let modified_at =
+        time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    let answer = serde_json::json!({
+        "modelfile": "",
+        "parameters": "",
+        "template": "{{ .Prompt }}",
+        "details": {
+            "parent_model": "", "format": "", "family": "", "families": null,
+            "parameter_size": "", "quantization_level": "",
+        },
+        "model_info": {},
+        "capabilities": ["completion"],
+        "remote_model": provider_model(p, model),
+        "remote_host": crate::config::redacted_url(&p.base_url),
+        "modified_at": modified_at,
+    });
+    Some((p.name.clone(), answer))
+}
+
 /// HTTP clients per connect timeout: providers differ in how long a connect may take.
 #[derive(Debug, Default)]
 pub struct Clients(Mutex<HashMap<u64, reqwest::Client>>);

@@ -321,6 +321,16 @@ async fn serve(
             }
             // Any node's version will do, and with none Corral's own is the answer.
             _ if path == "/api/version" => return Ok(own_version()),
+            (Some(cat), Some(model)) if path == "/api/show" && crate::cloud::is_trigger(&local) => {
+                let Some((provider, answer)) = crate::cloud::show(&config, cat, model, &local) else {
+                    return Err((local, attempts));
+                };
+                let mut r = axum::Json(answer).into_response();
+                if let Ok(v) = HeaderValue::from_str(&provider) {
+                    r.headers_mut().insert("x-corral-fallback", v);
+                }
+                r
+            }
             (_, _) => return Err((local, attempts)),
         },
     };

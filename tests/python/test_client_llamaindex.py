@@ -53,7 +53,6 @@ def test_complete_on_llamacpp(llamacpp):
     assert r.text
 
 
-@pytest.mark.xfail(strict=True, reason="/api/show during an outage answers 503 (no node could be reached): Ollama(...) asks show first, so llama-index cannot chat in cloud fallback")
 def test_chat_during_cloud_fallback(fallback):
     url, _ = fallback
     r = llm(url).chat(MSGS)
