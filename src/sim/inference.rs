@@ -74,8 +74,10 @@ pub(super) async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Respon
     let Some(running) = admit(&s).await else {
         return error(kind.is_v1(), StatusCode::SERVICE_UNAVAILABLE, BUSY);
     };
-    let load = s.load(&model);
-    // Ollama's preload: a native request with nothing to answer only loads the model.
+    let keep = keep_alive(&req);
+    let load = s.load(&model, keep);
+    // Ollama's preload: a native request with nothing to answer only loads the model, or, with
+    // `keep_alive: 0`, unloads it.
     let nothing_to_say = match kind {
         Kind::Generate => req.get("prompt").and_then(Value::as_str).is_none_or(str::is_empty),
         Kind::Chat => req.get("messages").and_then(Value::as_array).is_none_or(|m| m.is_empty()),
@@ -83,7 +85,7 @@ pub(super) async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Respon
     };
     if nothing_to_say {
         drop(running);
-        return ollama::preloaded(kind, &model);
+        return ollama::preloaded(kind, &model, keep == Some(KeepAlive::For(Duration::ZERO)));
     }
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(!kind.is_v1());
     let answer = Answer::new(&s, kind, model, &req, load, pace);
@@ -110,6 +112,10 @@ fn check(s: &Shared, kind: Kind, body: &Bytes) -> Result<(Value, String), (Statu
     };
     if !s.serves(&model) {
         return Err((StatusCode::NOT_FOUND, format!("model \"{model}\" not found, try pulling it first")));
+    }
+    if let Some(msg) = bad_format(kind, &req) {
+        // Ollama finds out when the runner is asked, so it is a 500, not a 400.
+        return Err((StatusCode::INTERNAL_SERVER_ERROR, msg));
     }
     if is_embedding_model(&model) {
         let what = if matches!(kind, Kind::Chat | Kind::V1Chat) { "chat" } else { "generate" };
@@ -165,6 +171,10 @@ pub(super) struct Answer {
     pub(super) pace: Pace,
     pub(super) id: usize,
     pub(super) include_usage: bool,
+    /// Reasoning text, when the request asked to think.
+    pub(super) thinking: Option<String>,
+    /// A call to the request's first tool (name, arguments), answered instead of words.
+    pub(super) tool_call: Option<(String, Value)>,
 }
 
 impl Answer {
@@ -173,7 +183,10 @@ impl Answer {
         let seed = options_i64(req, "seed", "seed").map(|x| x as u64).unwrap_or_else(|| text::hash(&[&model, &prompt]));
         let num_predict = options_i64(req, "num_predict", "max_tokens")
             .or_else(|| options_i64(req, "num_predict", "max_completion_tokens"));
-        let completion = if s.spec.echo {
+        let (thinking, tool_call) = scripted(kind, req, seed);
+        let completion = if tool_call.is_some() {
+            text::Completion { tokens: vec![], done_reason: "stop" }
+        } else if s.spec.echo {
             text::Completion { tokens: echo_tokens(&last_user_text(kind, req)), done_reason: "stop" }
         } else {
             text::complete(seed, num_predict)
@@ -181,7 +194,8 @@ impl Answer {
         let include_usage =
             req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
         let id = s.next_id.fetch_add(1, Ordering::Relaxed);
-        Answer { kind, model, completion, prompt_tokens: text::count_tokens(&prompt), load, pace, id, include_usage }
+        let prompt_tokens = text::count_tokens(&prompt);
+        Answer { kind, model, completion, prompt_tokens, load, pace, id, include_usage, thinking, tool_call }
     }
 
     pub(super) fn finish_reason(&self) -> &'static str {
@@ -192,7 +206,7 @@ impl Answer {
     fn whole(&self) -> Value {
         let text: String = self.completion.tokens.concat();
         match self.kind {
-            Kind::Chat | Kind::Generate => self.native_final(&text),
+            Kind::Chat | Kind::Generate => self.native_final(&text, true),
             Kind::V1Chat | Kind::V1Completion => self.v1_whole(&text),
         }
     }
@@ -305,17 +319,31 @@ pub(super) async fn embed(s: Arc<Shared>, path: &str, body: Bytes) -> Response {
     let Some(_running) = admit(&s).await else {
         return err(StatusCode::SERVICE_UNAVAILABLE, BUSY);
     };
-    let load = s.load(&model);
+    let load = s.load(&model, keep_alive(&req));
     if !pace.ttft.is_zero() {
         tokio::time::sleep(pace.ttft).await;
     }
     let inputs: Vec<String> = match req.get(if path == "/api/embeddings" { "prompt" } else { "input" }) {
+        // Ollama's EmbedHandler: an empty string, an empty list or no input at all embed nothing.
+        Some(Value::String(t)) if t.is_empty() => vec![],
         Some(Value::String(t)) => vec![t.clone()],
         Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+        None if path == "/api/embed" => vec![],
         _ => return err(StatusCode::BAD_REQUEST, "invalid input type"),
     };
-    let dims = s.spec.embedding_dims;
-    let vectors: Vec<Vec<f32>> = inputs.iter().map(|t| text::embedding(&model, t, dims)).collect();
+    if path == "/api/embed" && inputs.is_empty() {
+        return axum::Json(json!({ "model": model, "embeddings": [] })).into_response();
+    }
+    // `truncate: false` refuses an input longer than the context instead of cutting it.
+    if req.get("truncate") == Some(&Value::Bool(false)) && inputs.iter().any(|t| text::count_tokens(t) > EMBED_CTX) {
+        return err(StatusCode::BAD_REQUEST, "the input length exceeds the context length");
+    }
+    let dims = match req.get("dimensions").and_then(Value::as_u64) {
+        Some(d) if d > 0 && (d as usize) < s.spec.embedding_dims => d as usize,
+        _ => s.spec.embedding_dims,
+    };
+    let vectors: Vec<Vec<f32>> =
+        inputs.iter().map(|t| text::embedding(&model, t, s.spec.embedding_dims)).map(|v| cut(v, dims)).collect();
     let tokens: usize = inputs.iter().map(|t| text::count_tokens(t)).sum();
     s.completed.fetch_add(1, Ordering::AcqRel);
     let body = match path {
@@ -413,9 +441,15 @@ impl Shared {
         Arc::clone(&self.slots)
     }
 
-    /// Mark a model loaded; returns the simulated load time.
-    fn load(&self, model: &str) -> Duration {
+    /// Mark a model loaded until `keep_alive` runs out; returns the simulated load time.
+    fn load(&self, model: &str, keep: Option<KeepAlive>) -> Duration {
         let name = crate::config::normalize_model(model);
+        let until = match keep.unwrap_or(KeepAlive::For(Duration::from_secs(300))) {
+            KeepAlive::For(d) => time::OffsetDateTime::now_utc() + d,
+            // Go's `time.Now().Add(math.MaxInt64)`: about 292 years on.
+            KeepAlive::Forever => time::OffsetDateTime::now_utc() + time::Duration::days(292 * 365),
+        };
+        self.expires.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), until);
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if loaded.contains(&name) {
             Duration::from_millis(2)
@@ -452,4 +486,133 @@ fn options_i64(req: &Value, native: &str, v1: &str) -> Option<i64> {
         .and_then(|o| o.get(native))
         .and_then(Value::as_i64)
         .or_else(|| req.get(v1).and_then(Value::as_i64))
+}
+
+/// The context length the sim's embedding models claim (nomic-embed-text's).
+const EMBED_CTX: usize = 2048;
+
+/// The first `dims` numbers of a vector, normalised again (Ollama's `dimensions`).
+fn cut(mut v: Vec<f32>, dims: usize) -> Vec<f32> {
+    if dims >= v.len() {
+        return v;
+    }
+    v.truncate(dims);
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::EPSILON);
+    v.into_iter().map(|x| x / norm).collect()
+}
+
+/// How long a model stays loaded after a request (`keep_alive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeepAlive {
+    For(Duration),
+    /// A negative duration: never unload.
+    Forever,
+}
+
+/// `keep_alive` as Ollama's `api.Duration` reads it: a number of seconds or a Go duration
+/// string ("5m", "1h30m", "10s"); negative means forever. Anything else: the default.
+pub(super) fn keep_alive(req: &Value) -> Option<KeepAlive> {
+    let secs = match req.get("keep_alive")? {
+        Value::Number(n) => n.as_f64()?,
+        Value::String(t) => go_duration(t)?,
+        _ => return None,
+    };
+    Some(if secs < 0.0 { KeepAlive::Forever } else { KeepAlive::For(Duration::from_secs_f64(secs)) })
+}
+
+/// Seconds in a Go duration string ("1h30m", "-1s", "250ms", "0").
+fn go_duration(t: &str) -> Option<f64> {
+    let (sign, mut rest) = match t.strip_prefix('-') {
+        Some(r) => (-1.0, r),
+        None => (1.0, t),
+    };
+    if rest == "0" {
+        return Some(0.0);
+    }
+    let mut total = 0.0;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(rest.len());
+        let n: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        total += n * match &rest[..unit] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        rest = &rest[unit..];
+    }
+    Some(sign * total)
+}
+
+/// Ollama's answer to a `format` that is neither "json" nor a JSON Schema object.
+fn bad_format(kind: Kind, req: &Value) -> Option<String> {
+    if kind.is_v1() {
+        return None;
+    }
+    match req.get("format")? {
+        Value::Null | Value::Object(_) => None,
+        Value::String(f) if f.is_empty() || f == "json" => None,
+        other => {
+            let raw = other.to_string();
+            Some(format!("invalid format: {}; expected \"json\" or a valid JSON Schema object", Value::String(raw)))
+        }
+    }
+}
+
+/// What a request scripts beyond words: `thinking` text when it asks to think, and a call to
+/// its first tool when it offers tools and is not answering a tool's result.
+pub(super) fn scripted(kind: Kind, req: &Value, seed: u64) -> (Option<String>, Option<(String, Value)>) {
+    let think = match kind {
+        Kind::V1Chat | Kind::V1Completion => req
+            .get("reasoning_effort")
+            .or_else(|| req.get("reasoning").and_then(|r| r.get("effort")))
+            .and_then(Value::as_str)
+            .is_some_and(|e| e != "none"),
+        _ => match req.get("think") {
+            Some(Value::Bool(b)) => *b,
+            Some(Value::String(level)) => matches!(level.as_str(), "high" | "medium" | "low"),
+            _ => false,
+        },
+    };
+    let thinking = think.then(|| {
+        format!("Let me think this through. {}", text::complete(seed ^ 0x7417, Some(8)).tokens.concat().trim())
+    });
+    let last_is_tool = req
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("tool"));
+    let tool = match (kind, last_is_tool) {
+        (Kind::Chat | Kind::V1Chat, false) => {
+            req.get("tools").and_then(Value::as_array).and_then(|t| t.first()).and_then(tool_call)
+        }
+        _ => None,
+    };
+    (thinking, tool)
+}
+
+/// A call to `tool` with arguments from its parameters: "sim" for strings, 1 for numbers,
+/// true for booleans, the first value of an enum.
+fn tool_call(tool: &Value) -> Option<(String, Value)> {
+    let f = tool.get("function")?;
+    let name = f.get("name")?.as_str()?.to_string();
+    let mut args = serde_json::Map::new();
+    for (k, p) in f.get("parameters").and_then(|p| p.get("properties")).and_then(Value::as_object).into_iter().flatten()
+    {
+        let v = match (p.get("enum").and_then(|e| e.get(0)), p.get("type").and_then(Value::as_str)) {
+            (Some(first), _) => first.clone(),
+            (None, Some("integer" | "number")) => json!(1),
+            (None, Some("boolean")) => json!(true),
+            (None, Some("array")) => json!([]),
+            (None, Some("object")) => json!({}),
+            _ => json!("sim"),
+        };
+        args.insert(k.clone(), v);
+    }
+    Some((name, Value::Object(args)))
 }

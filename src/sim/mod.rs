@@ -58,6 +58,10 @@ pub struct SimSpec {
     /// Answer with the last user message, streamed in 3-character pieces (to test restoring
     /// placeholders split across chunks).
     pub echo: bool,
+    /// The names a pull can find. `None`: every name pulls. With a list, pulling any other name
+    /// fails as Ollama's does for a name the registry lacks ("pull model manifest: file does
+    /// not exist").
+    pub registry: Option<Vec<String>>,
 }
 
 impl Default for SimSpec {
@@ -73,6 +77,7 @@ impl Default for SimSpec {
             cloud: false,
             api_key: None,
             echo: false,
+            registry: None,
         }
     }
 }
@@ -148,6 +153,8 @@ struct Shared {
     blobs: Mutex<Vec<String>>,
     received: Mutex<Vec<Received>>,
     loaded: Mutex<Vec<String>>,
+    /// When each loaded model unloads (`keep_alive`; default five minutes from last use).
+    expires: Mutex<std::collections::HashMap<String, time::OffsetDateTime>>,
     slots: Arc<Semaphore>,
     queued: AtomicUsize,
     running: AtomicUsize,
@@ -222,6 +229,7 @@ impl SimNode {
             received: Mutex::new(Vec::new()),
             blobs: Mutex::new(Vec::new()),
             loaded: Mutex::new(Vec::new()),
+            expires: Mutex::new(std::collections::HashMap::new()),
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),

@@ -89,13 +89,42 @@ impl Answer {
         }
     }
 
+    /// `finish_reason`: "tool_calls" when the answer is a tool call (Ollama's `toChatCompletion`).
+    fn v1_finish(&self) -> &'static str {
+        match (self.finish_reason(), &self.tool_call) {
+            ("stop", Some(_)) => "tool_calls",
+            (r, _) => r,
+        }
+    }
+
+    /// OpenAI's tool calls: arguments as a JSON string.
+    fn v1_tool_calls(&self) -> Value {
+        match &self.tool_call {
+            Some((name, args)) => json!([{ "id": format!("call_{}", self.id), "index": 0, "type": "function",
+                "function": { "name": name, "arguments": args.to_string() } }]),
+            None => Value::Null,
+        }
+    }
+
+    /// The assistant message of a whole chat completion, with `reasoning` and `tool_calls`.
+    fn v1_message(&self, text: &str) -> Value {
+        let mut m = json!({ "role": "assistant", "content": text });
+        if let Some(t) = &self.thinking {
+            m["reasoning"] = json!(t);
+        }
+        if self.tool_call.is_some() {
+            m["tool_calls"] = self.v1_tool_calls();
+        }
+        m
+    }
+
     /// The whole answer as one completion object (`"stream": false`).
     pub(super) fn v1_whole(&self, text: &str) -> Value {
         match self.kind {
             Kind::V1Chat => json!({
                 "id": self.v1_id(), "object": "chat.completion", "created": self.created(), "model": self.model,
                 "system_fingerprint": "fp_ollama",
-                "choices": [{ "index": 0, "message": { "role": "assistant", "content": text }, "finish_reason": self.finish_reason() }],
+                "choices": [{ "index": 0, "message": self.v1_message(text), "finish_reason": self.v1_finish() }],
                 "usage": self.usage(),
             }),
             _ => json!({
@@ -112,6 +141,19 @@ impl Answer {
         let mut out = VecDeque::new();
         let event = |v: Value| Chunk::Raw(Bytes::from(format!("data: {v}\n\n")));
         let created = self.created();
+        if self.kind == Kind::V1Chat && (self.thinking.is_some() || self.tool_call.is_some()) {
+            // Ollama's openai layer: the reasoning in a chunk of its own, then the tool call.
+            let mut scripted = vec![];
+            if let Some(t) = &self.thinking {
+                scripted.push(json!({ "role": "assistant", "content": "", "reasoning": t }));
+            }
+            if self.tool_call.is_some() {
+                scripted.push(json!({ "role": "assistant", "content": "", "tool_calls": self.v1_tool_calls() }));
+            }
+            for delta in scripted {
+                out.push_back(event(json!({ "id": self.v1_id(), "object": "chat.completion.chunk", "created": created, "model": self.model, "system_fingerprint": "fp_ollama", "choices": [{ "index": 0, "delta": delta, "finish_reason": null }] })));
+            }
+        }
         for tok in &self.completion.tokens {
             out.push_back(if self.kind == Kind::V1Chat {
                 event(json!({ "id": self.v1_id(), "object": "chat.completion.chunk", "created": created, "model": self.model, "system_fingerprint": "fp_ollama", "choices": [{ "index": 0, "delta": { "role": "assistant", "content": tok }, "finish_reason": null }] }))
@@ -120,7 +162,7 @@ impl Answer {
             });
         }
         let choice = if self.kind == Kind::V1Chat {
-            json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": self.finish_reason() })
+            json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "finish_reason": self.v1_finish() })
         } else {
             json!({ "text": "", "index": 0, "finish_reason": self.finish_reason() })
         };
