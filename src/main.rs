@@ -39,7 +39,11 @@ fn init_tracing(format: LogFormat) {
 
 async fn run(command: Command) -> ExitCode {
     match command {
-        Command::Serve { config, notify } => cmd::serve::run(config.as_deref(), notify).await,
+        Command::Serve { config, notify, listen, admin } => {
+            cmd::serve::run(config.as_deref(), notify, listen.as_deref(), admin.as_deref()).await
+        }
+        Command::Status { url } => cmd::status::run(&url).await,
+        Command::Completions { shell } => cmd::status::completions(shell),
         Command::Demo { port, nodes, admin_port, db } => cmd::demo::run(port, nodes, admin_port, db).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue, cloud, api_key, echo } => {
             let spec = SimSpec {

@@ -428,3 +428,45 @@ fn config_import_edits_the_file_in_place_keeping_comments() {
     assert!(text.contains("gpu1"), "the node is added:\n{text}");
     assert!(text.lines().count() <= 10, "4 lines become a few more, not 85:\n{text}");
 }
+
+#[test]
+fn completions_are_generated_for_each_shell() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (code, out, err) = run(&["completions", shell]);
+        assert_eq!(code, 0, "{shell}: {err}");
+        assert!(out.contains("corral") && out.contains("serve") && out.contains("secret"), "{shell}: {out}");
+    }
+    let (code, _, _) = run(&["completions", "tcsh-9000"]);
+    assert_eq!(code, 2, "an unknown shell is a usage error");
+}
+
+#[test]
+fn status_shows_nodes_and_where_to_point_clients() {
+    let token = "status-test-token-31415926535897932";
+    let sim = Proc::spawn(&["sim", "--port", "0"]);
+    let node = sim.url("simulated Ollama node on");
+    let cfg =
+        temp_file("status", &format!("[[nodes]]\nname = \"gpu0\"\nurl = \"{node}\"\n\n[store]\nenabled = false\n"));
+    let serve = Proc::spawn_env(
+        &["serve", "--config", cfg.to_str().unwrap_or_default(), "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        &[("CORRAL_ADMIN_TOKEN", token)],
+    );
+    let proxy = serve.url("serving the Ollama API on");
+    let admin = serve.url("Admin API on");
+    let out = Command::new(BIN)
+        .args(["status", "--url", &admin])
+        .env("CORRAL_ADMIN_TOKEN", token)
+        .output()
+        .expect("corral runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains(&format!("Point clients at: {proxy}")), "--listen took effect and is shown:\n{text}");
+    assert!(text.contains("gpu0"), "{text}");
+    let refused = Command::new(BIN)
+        .args(["status", "--url", &admin])
+        .env("CORRAL_ADMIN_TOKEN", "wrong-token-wrong-token-wrong-token")
+        .output()
+        .expect("corral runs");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+}

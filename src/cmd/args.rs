@@ -34,7 +34,22 @@ pub enum Command {
         /// reloads) through the session's notification server.
         #[arg(long)]
         notify: bool,
+        /// Serve the proxy on this address instead of the config's first listener.
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Serve the admin API on this address instead of the config's.
+        #[arg(long, value_name = "ADDR")]
+        admin: Option<String>,
     },
+    /// A running broker at a glance: nodes with their state, in-flight and queue, and the
+    /// endpoint clients should use. Needs the admin token in CORRAL_ADMIN_TOKEN.
+    Status {
+        /// The broker's admin URL.
+        #[arg(long, env = "CORRAL_ADMIN_URL", default_value = "http://127.0.0.1:11402")]
+        url: String,
+    },
+    /// Shell completions, generated from this CLI's own definition.
+    Completions { shell: clap_complete::Shell },
     /// Broker in front of simulated nodes on loopback: the zero-setup way to try Corral.
     Demo {
         /// Proxy port.

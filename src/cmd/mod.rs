@@ -20,6 +20,7 @@ pub mod report;
 pub mod secret;
 pub mod serve;
 pub mod sim;
+pub mod status;
 
 /// The request store: `--db`, else the one the config (`--config`, or the platform's) names.
 fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {

@@ -7,11 +7,23 @@ use std::process::ExitCode;
 
 use corral::{Broker, StartOptions};
 
-pub async fn run(config: Option<&Path>, notify: bool) -> ExitCode {
-    let (config, source, watch) = match super::config::load(config) {
+pub async fn run(config: Option<&Path>, notify: bool, listen: Option<&str>, admin: Option<&str>) -> ExitCode {
+    let (mut config, source, watch) = match super::config::load(config) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // `--listen` / `--admin` replace the addresses (the rest of the listener's settings stay).
+    if let Some(addr) = listen {
+        match config.listeners.first_mut() {
+            Some(l) => l.addr = addr.to_string(),
+            None => {
+                config.listeners.push(corral::config::ListenerConfig { addr: addr.to_string(), ..Default::default() })
+            }
+        }
+    }
+    if let Some(addr) = admin {
+        config.admin.addr = addr.to_string();
+    }
     tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
     for (name, state) in super::secret::states(&config) {
         if state != "set" {

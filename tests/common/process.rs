@@ -24,9 +24,14 @@ impl Proc {
 
     /// Spawn with `CORRAL_LOG` set to `log` (e.g. "debug", to check what logs may contain).
     pub fn spawn_with(args: &[&str], log: &str) -> Proc {
+        Self::spawn_env(args, &[("CORRAL_LOG", log)])
+    }
+
+    /// Spawn with these environment variables set.
+    pub fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(BIN)
             .args(args)
-            .env("CORRAL_LOG", log)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
