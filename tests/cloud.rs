@@ -442,3 +442,36 @@ async fn show_during_an_outage_answers_a_remote_model_where_the_cloud_is_allowed
     assert!(!show("hr").await.expect("answer").status().is_success(), "a never category says the cluster is down");
     assert_eq!(cloud_calls(&cloud), 0, "show costs the provider nothing");
 }
+
+#[tokio::test]
+async fn union_listings_name_a_model_once_however_each_node_spells_it() {
+    // An Ollama node says `llama3.2:latest`; an OpenAI-compatible one says `llama3.2`.
+    let openai = cloud_sim(|s| s.models = vec!["llama3.2".into()]).await;
+    let c = cluster(1)
+        .config({
+            let url = openai.url();
+            move |cfg| {
+                cfg.nodes.push(NodeConfig {
+                    name: "llama".into(),
+                    url,
+                    kind: NodeKind::Openai,
+                    ..NodeConfig::default()
+                })
+            }
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    let tags: Value = c.client.get(c.url("/api/tags")).send().await.expect("tags").json().await.expect("json");
+    let llamas: Vec<&Value> = tags["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter(|m| m["name"].as_str().is_some_and(|n| n.starts_with("llama3.2")))
+        .collect();
+    assert_eq!(llamas.len(), 1, "one entry for llama3.2: {tags}");
+    assert_eq!(llamas[0]["nodes"].as_array().map(Vec::len), Some(2), "listing both nodes: {tags}");
+    let v1: Value = c.client.get(c.url("/v1/models")).send().await.expect("models").json().await.expect("json");
+    let ids: Vec<&str> = v1["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids.iter().filter(|id| id.starts_with("llama3.2")).count(), 1, "{ids:?}");
+}

@@ -77,8 +77,10 @@ pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
         // A fresh answer is as good as a deep probe: keep the routing table current.
         node.set_models(models.iter().map(name_of).filter(|n| !n.is_empty()));
         for m in models {
-            // Each entry also says which nodes have it (`nodes`, Corral's addition).
-            let entry = union.entry(name_of(&m)).or_insert(m);
+            // One entry per model as Ollama names it (case, `:latest`, registry prefix), each
+            // saying which nodes have it (`nodes`, Corral's addition).
+            let key = crate::config::model_key(&name_of(&m)).to_string();
+            let entry = union.entry(key).or_insert(m);
             if let Some(obj) = entry.as_object_mut() {
                 let nodes = obj.entry("nodes").or_insert_with(|| Value::Array(Vec::new()));
                 if let Some(list) = nodes.as_array_mut() {
@@ -107,8 +109,8 @@ pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> 
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
     for (_, v) in gather(shared, "/v1/models").await?.iter() {
         for m in entries(v, "data") {
-            let id = m.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-            union.entry(id).or_insert(m);
+            let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
+            union.entry(crate::config::model_key(id).to_string()).or_insert(m);
         }
     }
     Ok(axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })).into_response())

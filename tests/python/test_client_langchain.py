@@ -38,17 +38,17 @@ def test_astream(corral):
     assert len(chunks) >= 2 and "".join(c.content for c in chunks)
 
 
-def test_bind_tools_reaches_a_node_and_the_answer_parses(corral):
-    # The sim does not script tool calls yet (issue 13, item 4): the request with tools must reach
-    # a node and its plain answer parse as an AIMessage without tool calls.
+def test_bind_tools_gets_a_tool_call_back(corral):
+    # The sim answers a request with tools by calling the first tool (Ollama's shape).
     r = ChatOllama(model="llama3.2", base_url=corral, num_predict=4).bind_tools([get_weather]).invoke("weather in Oslo?")
-    assert isinstance(r, AIMessage) and r.content and r.tool_calls == []
+    assert isinstance(r, AIMessage) and r.tool_calls, r
+    assert r.tool_calls[0]["name"] == "get_weather" and isinstance(r.tool_calls[0]["args"], dict)
 
 
 def test_bind_tools_request_reaches_a_sim(sims, served):
     before = sum(1 for x in sim_received(sims) if x["path"] == "/api/chat")
     r = ChatOllama(model="llama3.2", base_url=served, num_predict=2).bind_tools([get_weather]).invoke("weather?")
-    assert r.content
+    assert r.tool_calls and r.tool_calls[0]["name"] == "get_weather"
     after = sum(1 for x in sim_received(sims) if x["path"] == "/api/chat")
     assert after == before + 1, "one /api/chat with tools reached exactly one sim node"
 
@@ -72,6 +72,6 @@ def test_invoke_and_tools_during_cloud_fallback(fallback):
     m = ChatOllama(model="llama3.2", base_url=url, num_predict=4)
     assert m.invoke("hello").content
     r = m.bind_tools([get_weather]).invoke("weather in Oslo?")
-    assert isinstance(r, AIMessage) and r.content
+    assert isinstance(r, AIMessage) and r.tool_calls and r.tool_calls[0]["name"] == "get_weather", "the provider's tool call comes back in Ollama's shape"
     sent = [json.loads(x["body"]) for x in sim_received([cloud]) if x["path"] == "/v1/chat/completions"]
     assert sent[-1]["tools"][0]["function"]["name"] == "get_weather", "the tools reach the cloud provider translated"

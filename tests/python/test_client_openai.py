@@ -41,10 +41,12 @@ def test_models_retrieve_leaves_the_model_available(corral):
         assert c.chat.completions.create(model="llama3.2", messages=MSGS, max_tokens=1).choices[0].message.content
 
 
-def test_tools_are_accepted_and_the_answer_parses(corral):
-    # The sim does not script tool calls yet (issue 13, item 4): a plain answer must come back.
+def test_tools_get_a_tool_call_back(corral):
+    # The sim answers a request with tools by calling the first tool (OpenAI's shape on /v1).
     r = client(corral).chat.completions.create(model="llama3.2", messages=MSGS, tools=TOOLS, max_tokens=4)
-    assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == TOOLS[0]["function"]["name"]
+    assert isinstance(json.loads(call.function.arguments), dict)
 
 
 def test_response_format(corral):
@@ -68,7 +70,7 @@ def test_tools_and_response_format_reach_the_cloud_in_fallback(fallback):
     url, cloud = fallback
     c = client(url)
     r = c.chat.completions.create(model="llama3.2", messages=MSGS, tools=TOOLS, max_tokens=4)
-    assert r.choices[0].message.content
+    assert r.choices[0].message.tool_calls, "the provider's tool call comes back"
     r = c.chat.completions.create(model="llama3.2", messages=MSGS, max_tokens=4, response_format={"type": "json_object"})
     assert r.choices[0].message.content is not None
     sent = [json.loads(x["body"]) for x in sim_received([cloud]) if x["path"] == "/v1/chat/completions"]
