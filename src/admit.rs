@@ -227,6 +227,12 @@ impl Admission {
             Err(e) => return Placement::Impossible(e),
         };
         let now = Instant::now();
+        // A node that answered 429 sits out its Retry-After while any other can serve.
+        let candidates: Vec<Arc<Node>> =
+            match candidates.iter().filter(|n| !n.held_off(now)).cloned().collect::<Vec<_>>() {
+                ready if ready.is_empty() => candidates,
+                ready => ready,
+            };
         let allowed: Vec<bool> = candidates.iter().map(|n| n.breaker_allows(now)).collect();
         // The last node standing is never ejected: when every breaker is open, ignore them.
         let force = !allowed.iter().any(|a| *a);

@@ -179,6 +179,8 @@ pub struct Node {
     slow_start_ms: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     ttfb: Mutex<PeakEwma>,
+    /// Until when the node asked not to be sent more (its 429's `Retry-After`).
+    held_until: Mutex<Option<Instant>>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
@@ -239,6 +241,7 @@ impl Node {
             slow_start_ms: std::sync::atomic::AtomicU64::new(tuning.slow_start.as_millis() as u64),
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
+            held_until: Mutex::new(None),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
             context: ArcSwap::from_pointee(HashMap::new()),
@@ -348,6 +351,16 @@ impl Node {
     pub fn set_tuning(&self, tuning: NodeTuning) {
         lock(&self.breaker).set_policy(tuning.breaker);
         self.slow_start_ms.store(tuning.slow_start.as_millis() as u64, Ordering::Release);
+    }
+
+    /// Keep the node out of routing for `wait` (it answered 429); it is busy, not down.
+    pub fn hold_off(&self, wait: Duration) {
+        *lock(&self.held_until) = Some(Instant::now() + wait);
+    }
+
+    /// Whether the node asked, with a 429, not to be sent more until after `now`.
+    pub fn held_off(&self, now: Instant) -> bool {
+        lock(&self.held_until).is_some_and(|until| now < until)
     }
 
     pub fn in_flight(&self) -> usize {

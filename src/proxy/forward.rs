@@ -230,6 +230,9 @@ async fn attempt_once(
     let sent = upstream::send(request, first_byte).await.map_err(|e| failed(&mut guard, e))?;
     let status = sent.response.status();
     let native = plan.as_ref().and_then(|p| p.native);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        return Err(rate_limited(&mut guard, sent.response).await);
+    }
     if status.is_server_error() {
         let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
         if says_unsupported(&body) {
@@ -320,6 +323,25 @@ async fn node_answer(sent: upstream::Sent, plan: Option<Plan>) -> Result<Answer,
         }
     };
     upstream::first_chunk(status, headers, body, sent_at, remaining, first_byte).await
+}
+
+/// Longest a node's `Retry-After` keeps it out of routing.
+const MAX_HOLD_OFF: Duration = Duration::from_secs(60);
+
+/// A node's 429: it is busy, not failing. It is kept out of routing for what its `Retry-After`
+/// asks (1 s when it says nothing, at most a minute), and the request goes elsewhere at once.
+async fn rate_limited(guard: &mut InFlight, resp: reqwest::Response) -> AttemptFailed {
+    let wait = resp
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs)
+        .min(MAX_HOLD_OFF);
+    guard.node().hold_off(wait);
+    let body = upstream::read_small(resp, Duration::from_secs(2)).await;
+    tracing::debug!(node = %guard.node().name(), wait_ms = wait.as_millis() as u64, "node rate-limited the request");
+    judged(guard, Outcome::Busy, format!("HTTP 429 {} (held off for {} s)", body.trim(), wait.as_secs()))
 }
 
 /// Judge a failed attempt on its guard (which frees the slot when dropped) and describe it.
