@@ -49,6 +49,19 @@ async fn setup(providers: Vec<ProviderConfig>) -> common::Cluster {
         .await
 }
 
+/// A cluster whose only node is the OpenAI-compatible `node` (`kind = "openai"`), models learned.
+async fn only_openai_node(node: &SimNode) -> common::Cluster {
+    let url = node.url();
+    let c = cluster(0)
+        .config(move |cfg| {
+            cfg.nodes = vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }]
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    c
+}
+
 fn stop_all(c: &common::Cluster) {
     for s in &c.sims {
         s.stop();
@@ -291,17 +304,7 @@ async fn an_openai_compatible_node_serves_ollama_clients_with_ollama_answers() {
     // A sim that speaks only `/v1` stands in for a llama.cpp server (the real one runs in
     // tests/python/test_llamacpp.py).
     let node = cloud_sim(|s| s.models = vec!["tiny".into()]).await;
-    let c = cluster(0)
-        .config({
-            let url = node.url();
-            move |cfg| {
-                cfg.nodes =
-                    vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }]
-            }
-        })
-        .start()
-        .await;
-    c.learn_models().await;
+    let c = only_openai_node(&node).await;
     let tags: Value = c.client.get(c.url("/api/tags")).send().await.expect("tags").json().await.expect("json");
     assert_eq!(tags["models"][0]["name"], "tiny");
     assert!(
@@ -381,17 +384,7 @@ async fn a_fallback_answer_is_credited_to_the_provider_not_the_node_that_failed(
 async fn loads_and_unloads_generate_nothing_anywhere() {
     // An OpenAI-compatible node: a bare load is answered at once, never turned into a chat.
     let node = cloud_sim(|s| s.models = vec!["tiny".into()]).await;
-    let c = cluster(0)
-        .config({
-            let url = node.url();
-            move |cfg| {
-                cfg.nodes =
-                    vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }]
-            }
-        })
-        .start()
-        .await;
-    c.learn_models().await;
+    let c = only_openai_node(&node).await;
     let r = c.post("/api/generate", json!({"model": "tiny"})).await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.expect("json");
