@@ -286,7 +286,8 @@ async fn serve(
     if let Some(answer) = answered_without_forwarding(shared, endpoint, &parts, &asked, &body).await {
         return answer.map_err(|e| (e, 0));
     }
-    let lifecycle = crate::upstream::lifecycle::Lifecycle::of(&path, &body);
+    // Only a body with no text can be a load or unload: a chat is not parsed a second time.
+    let lifecycle = asked.textless.then(|| crate::upstream::lifecycle::Lifecycle::of(&path, &body)).flatten();
     if let (Some(crate::upstream::lifecycle::Lifecycle::Unload), Some(model)) = (lifecycle, asked.model.as_deref()) {
         // `ollama stop`: every node holding the model lets it go, not just one.
         return fanout::unload(shared, &path, body, model).await.map_err(|e| (e, 0));
@@ -426,6 +427,8 @@ struct Asked {
     category: String,
     queue_timeout: Duration,
     context_warning: Option<String>,
+    /// The body carries no prompt or message text: it may be a bare load or unload.
+    textless: bool,
 }
 
 impl Asked {
@@ -466,7 +469,8 @@ impl Asked {
             (Some(m), Some(p), true) => context::check(&state.shared, config, path, m, p)?,
             _ => None,
         };
-        Ok(Self { model, category, queue_timeout, context_warning })
+        let textless = parsed.as_ref().is_some_and(|p| p.chat_text == 0 && p.generate_text == 0);
+        Ok(Self { model, category, queue_timeout, context_warning, textless })
     }
 }
 
