@@ -38,6 +38,12 @@ pub struct Ticket {
     pub priority: u32,
     pub origin: Origin,
     pub body_bytes: usize,
+    /// Nodes never to be tried again for this request (they timed out on it), even when no
+    /// other node is left.
+    pub excluded: Vec<Arc<Node>>,
+    /// Whether the request has somewhere else to go when no node can take it (a cloud
+    /// provider): then a node whose breaker is open is never forced through.
+    pub has_alternative: bool,
 }
 
 type Key = (u32, u8, u64);
@@ -213,10 +219,16 @@ impl Admission {
 
     fn candidates(&self, ticket: &Ticket) -> Result<Vec<Arc<Node>>, BrokerError> {
         let model = ticket.model.as_deref();
-        route::candidates(&self.registry, model, &ticket.tried).map_err(|why| match (why, model) {
+        let none_healthy = || BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() };
+        let mut nodes = route::candidates(&self.registry, model, &ticket.tried).map_err(|why| match (why, model) {
             (NoCandidate::UnknownModel, Some(m)) => BrokerError::ModelNotFound(m.to_string()),
-            _ => BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() },
-        })
+            _ => none_healthy(),
+        })?;
+        nodes.retain(|n| !ticket.excluded.iter().any(|x| Arc::ptr_eq(x, n)));
+        if nodes.is_empty() {
+            return Err(none_healthy());
+        }
+        Ok(nodes)
     }
 
     /// Try to give `ticket` a slot now.
@@ -234,8 +246,12 @@ impl Admission {
                 ready => ready,
             };
         let allowed: Vec<bool> = candidates.iter().map(|n| n.breaker_allows(now)).collect();
-        // The last node standing is never ejected: when every breaker is open, ignore them.
+        // An open breaker means out: with every one open the request goes where else it can
+        // (the cloud); only with nowhere else is the last node standing forced through.
         let force = !allowed.iter().any(|a| *a);
+        if force && ticket.has_alternative {
+            return Placement::Impossible(BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() });
+        }
         let free: Vec<Arc<Node>> = candidates
             .iter()
             .zip(&allowed)

@@ -124,7 +124,9 @@ impl Breaker {
             BreakerState::Closed => {
                 if failure {
                     self.consecutive_failures += 1;
-                    if self.consecutive_failures >= self.policy.failures_to_open {
+                    // A node that takes requests and never answers costs each one a whole
+                    // first-byte timeout: once is enough to take it out.
+                    if outcome == Outcome::Silent || self.consecutive_failures >= self.policy.failures_to_open {
                         self.open(now);
                     }
                 } else if success {
@@ -206,6 +208,16 @@ mod tests {
             }
         }
         assert_eq!(b.state(Instant::now()), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_silence_opens_it_and_a_slow_first_token_never_does() {
+        let mut b = Breaker::new(policy());
+        for _ in 0..10 {
+            b.record(Permit::Normal, Outcome::Slow, Instant::now());
+        }
+        assert_eq!(b.state(Instant::now()), BreakerState::Closed, "slow for one category is not broken");
+        assert_eq!(b.record(Permit::Normal, Outcome::Silent, Instant::now()), Some(BreakerState::Open));
     }
 
     proptest! {

@@ -467,16 +467,16 @@ impl Node {
     pub fn try_dispatch(self: &Arc<Self>, force: bool) -> Option<InFlight> {
         let max = self.max_concurrency();
         let now = Instant::now();
-        let permit = {
+        let (permit, forced) = {
             let mut b = lock(&self.breaker);
-            if force {
-                b.acquire(now).unwrap_or_else(|| b.force())
-            } else {
-                b.acquire(now)?
+            match b.acquire(now) {
+                Some(p) => (p, false),
+                None if force => (b.force(), true),
+                None => return None,
             }
         };
         match self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
-            Ok(_) => Some(InFlight { node: Arc::clone(self), permit, judged: false }),
+            Ok(_) => Some(InFlight { node: Arc::clone(self), permit, judged: false, forced }),
             Err(_) => {
                 // Give an unused trial back.
                 if permit == Permit::Trial {
@@ -547,9 +547,16 @@ pub struct InFlight {
     node: Arc<Node>,
     permit: Permit,
     judged: bool,
+    forced: bool,
 }
 
 impl InFlight {
+    /// Whether this slot was given past an open breaker (the last node standing, with no
+    /// other way to answer): such a node gets one attempt per request, not a retry loop.
+    pub fn forced(&self) -> bool {
+        self.forced
+    }
+
     pub fn node(&self) -> &Arc<Node> {
         &self.node
     }

@@ -16,8 +16,14 @@ pub enum Outcome {
     ConnectFailed,
     /// 5xx, or the transport broke before the answer started.
     Failed,
-    /// No first byte, or silence between chunks, past the configured timeout.
+    /// Silence between chunks of a started answer past the stream idle timeout.
     TimedOut,
+    /// Accepted the request and sent nothing within the first-byte timeout: a node that hangs
+    /// like that would hold every request sent to it, so one such silence opens its breaker.
+    Silent,
+    /// No first token within the category's `first_token_timeout_ms`: too slow for this
+    /// request, tried elsewhere, but not a fault of the node (another category may wait).
+    Slow,
     /// The answer started and then broke off.
     StreamCut,
     /// The client went away; says nothing about the node.
@@ -28,6 +34,11 @@ pub enum Outcome {
 
 impl Outcome {
     pub fn is_node_failure(self) -> bool {
-        matches!(self, Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::StreamCut)
+        matches!(self, Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::Silent | Self::StreamCut)
+    }
+
+    /// A timeout before the first byte: the node is not tried again for the same request.
+    pub fn is_timeout(self) -> bool {
+        matches!(self, Self::TimedOut | Self::Silent | Self::Slow)
     }
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use common::cluster;
-use corral::config::{NodeConfig, NodeKind};
+use corral::config::{CloudPermission, NodeConfig, NodeKind, ProviderConfig};
+use corral::sim::{SimNode, SimSpec};
 use serde_json::{json, Value};
 
 /// An OpenAI-compatible server that lists `llama3.2` and answers every chat 429 with
@@ -59,4 +60,209 @@ async fn a_429_sends_the_request_elsewhere_at_once_and_keeps_that_node_out_for_i
     let limited = c.broker.registry().get("limited").expect("node");
     assert_eq!(limited.breaker_state(), corral::breaker::BreakerState::Closed, "a 429 is busy, not a failure");
     assert!(limited.held_off(tokio::time::Instant::now()), "still inside its Retry-After");
+}
+
+/// `body` with what differs per answer by design blanked: its `created_at` stamp and tool
+/// call ids (Ollama makes both afresh for every answer).
+fn unstamped(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).expect("json");
+    let stamp = v["created_at"].as_str().expect("created_at").to_string();
+    assert!(!stamp.is_empty(), "the answer is stamped: {body}");
+    let mut out = body.replacen(&stamp, "<created_at>", 1);
+    for call in v["message"]["tool_calls"].as_array().into_iter().flatten() {
+        let id = call["id"].as_str().expect("id");
+        out = out.replacen(&format!("\"{id}\""), "\"<id>\"", 1);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_non_streamed_answer_is_assembled_from_a_stream_byte_for_byte() {
+    let c = cluster(1).start().await;
+    let direct = reqwest::Client::new();
+    // Loaded first, so neither answer below carries a cold load's duration.
+    let warm = json!({"model": "llama3.2", "prompt": "", "stream": false});
+    direct.post(format!("{}/api/generate", c.sims[0].url())).json(&warm).send().await.expect("sim loads");
+    let cases = [
+        (
+            "/api/chat",
+            json!({"model": "llama3.2", "messages": [{"role": "user", "content": "a <b> & c"}], "stream": false, "options": {"seed": 11}}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": false, "think": true, "options": {"seed": 12}}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": "llama3.2", "messages": [{"role": "user", "content": "weather?"}], "stream": false,
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}),
+        ),
+        (
+            "/api/generate",
+            json!({"model": "llama3.2", "prompt": "once upon", "stream": false, "think": true, "options": {"seed": 13, "num_predict": 9}}),
+        ),
+    ];
+    for (path, body) in cases {
+        let own = direct.post(format!("{}{path}", c.sims[0].url())).json(&body).send().await.expect("sim answers");
+        let own_type = own.headers()["content-type"].clone();
+        let own = own.text().await.expect("body");
+        let via = c.post(path, body.clone()).await;
+        assert_eq!(via.status(), 200);
+        assert_eq!(via.headers()["content-type"], own_type, "{path}: the same content type as the node's own");
+        let via = via.text().await.expect("body");
+        assert_eq!(unstamped(&via), unstamped(&own), "{path} {body}: Corral's assembly is the node's own answer");
+    }
+}
+
+#[tokio::test]
+async fn a_long_non_streamed_answer_is_not_cut_by_the_first_token_deadline() {
+    // 12 tokens 60 ms apart: the whole answer takes ~0.7 s, its first token comes at once.
+    let c = cluster(1).config(|cfg| cfg.categories[0].first_token_timeout_ms = 300).start().await;
+    c.sims[0].set_faults(corral::sim::Faults { token_delay_ms: Some(60), ..Default::default() });
+    let r = c
+        .post("/api/chat", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": false, "options": {"num_predict": 12}}))
+        .await;
+    assert_eq!(r.status(), 200, "the deadline is on the first token, not the whole answer");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["eval_count"], 12);
+    assert_eq!(v["done"], true);
+}
+
+#[tokio::test]
+async fn a_slow_first_token_moves_a_non_streamed_request_to_another_node() {
+    // n0's first token takes 3 s; the category waits 300 ms for one.
+    let c = cluster(2)
+        .config(|cfg| {
+            cfg.categories[0].first_token_timeout_ms = 300;
+            cfg.categories[0].policy = corral::config::Policy::Priority;
+            cfg.categories[0].order = vec!["n0".into(), "n1".into()];
+        })
+        .start()
+        .await;
+    c.sims[0].set_faults(corral::sim::Faults { ttft_ms: Some(3_000), ..Default::default() });
+    for stream in [false, true] {
+        let started = tokio::time::Instant::now();
+        let r = c.chat("llama3.2", stream).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-corral-node"], "n1", "answered by the node that was not slow");
+        assert_eq!(r.headers()["x-corral-attempts"], "2");
+        let text = r.text().await.expect("body");
+        let elapsed = started.elapsed();
+        assert!(elapsed >= std::time::Duration::from_millis(300), "it waited the deadline first: {elapsed:?}");
+        assert!(elapsed < std::time::Duration::from_millis(2_000), "moved at the deadline, not after 3 s: {elapsed:?}");
+        assert!(text.contains("\"done\":true"), "{text}");
+    }
+    assert_eq!(
+        c.node(0).breaker_state(),
+        corral::breaker::BreakerState::Closed,
+        "slow for this category's deadline is not broken"
+    );
+}
+
+/// A cluster of `n` sims where n0 is tried first, first-byte timeout `ms`.
+fn first_is_n0(n: usize, ms: u64) -> common::ClusterBuilder {
+    cluster(n).config(move |cfg| {
+        cfg.proxy.first_byte_timeout_ms = ms;
+        cfg.categories[0].policy = corral::config::Policy::Priority;
+        cfg.categories[0].order = vec!["n0".into()];
+    })
+}
+
+#[tokio::test]
+async fn a_node_that_accepts_and_never_answers_costs_one_first_byte_timeout_once() {
+    let c = first_is_n0(2, 400).start().await;
+    c.sims[0].set_faults(corral::sim::Faults { hang: true, ..Default::default() });
+    let started = tokio::time::Instant::now();
+    let r = c.chat("llama3.2", false).await;
+    let first = started.elapsed();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-node"], "n1");
+    assert!(first >= std::time::Duration::from_millis(400), "{first:?}");
+    assert!(first < std::time::Duration::from_millis(1_200), "one timeout, not three: {first:?}");
+    assert_eq!(c.node(0).breaker_state(), corral::breaker::BreakerState::Open, "one silence takes it out");
+    for _ in 0..5 {
+        let started = tokio::time::Instant::now();
+        let r = c.chat("llama3.2", false).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["x-corral-node"], "n1");
+        assert!(started.elapsed() < std::time::Duration::from_millis(400), "no more waiting on n0");
+    }
+    assert_eq!(c.sims[0].inference_count(), 1, "while its breaker is open n0 gets no client traffic");
+}
+
+#[tokio::test]
+async fn the_last_node_standing_is_tried_once_and_the_client_learns_within_one_timeout() {
+    let c = first_is_n0(1, 300).config(|cfg| cfg.retry.max_attempts = 3).start().await;
+    c.sims[0].set_faults(corral::sim::Faults { hang: true, ..Default::default() });
+    for round in 0..2 {
+        let started = tokio::time::Instant::now();
+        let r = c.chat("llama3.2", false).await;
+        let took = started.elapsed();
+        assert_eq!(r.status(), 504, "round {round}");
+        assert_eq!(r.headers()["x-corral-attempts"], "1", "round {round}: never the same silent node twice");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["code"], "upstream_timeout");
+        assert!(took < std::time::Duration::from_millis(900), "round {round}: one timeout: {took:?}");
+    }
+    assert_eq!(c.sims[0].inference_count(), 2, "once per request, with nowhere else to go");
+}
+
+#[tokio::test]
+async fn an_open_breaker_sends_requests_to_the_cloud_instead_of_the_dead_node() {
+    let cloud = SimNode::start(SimSpec { models: vec!["gpt-4o-mini".into()], cloud: true, ..SimSpec::default() })
+        .await
+        .expect("cloud sim");
+    let base_url = format!("{}/v1", cloud.url());
+    let c = first_is_n0(1, 300)
+        .config(move |cfg| {
+            cfg.providers = vec![ProviderConfig {
+                name: "cloud".into(),
+                base_url,
+                model_map: [("llama3.2".to_string(), "gpt-4o-mini".to_string())].into(),
+                ..ProviderConfig::default()
+            }];
+            cfg.categories[0].cloud = CloudPermission::OnFailure;
+            cfg.categories[0].providers = vec!["cloud".into()];
+        })
+        .start()
+        .await;
+    c.sims[0].set_faults(corral::sim::Faults { hang: true, ..Default::default() });
+    let started = tokio::time::Instant::now();
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "cloud");
+    assert!(started.elapsed() < std::time::Duration::from_millis(900), "one timeout, then the cloud");
+    for _ in 0..3 {
+        let started = tokio::time::Instant::now();
+        let r = c.chat("llama3.2", false).await;
+        assert_eq!(r.headers()["x-corral-fallback"], "cloud");
+        assert!(started.elapsed() < std::time::Duration::from_millis(300), "straight to the cloud");
+    }
+    assert_eq!(c.sims[0].inference_count(), 1, "an ejected node is not forced while the cloud can answer");
+}
+
+#[tokio::test]
+async fn a_stalled_stream_ends_within_the_categorys_idle_timeout_and_a_stalled_assembly_goes_elsewhere() {
+    let c = first_is_n0(2, 5_000).config(|cfg| cfg.categories[0].stream_idle_timeout_ms = 300).start().await;
+    c.sims[0].set_faults(corral::sim::Faults { hang_after: Some(3), ..Default::default() });
+    let started = tokio::time::Instant::now();
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!(r.headers()["x-corral-node"], "n0");
+    let lines = common::ndjson(&r.text().await.expect("body"));
+    let took = started.elapsed();
+    assert_eq!(lines.last().expect("lines")["code"], "stream_idle_timeout", "{lines:?}");
+    assert!(took < std::time::Duration::from_millis(1_500), "{took:?}");
+    // Not streamed: nothing reached the client when n0 stalled, so n1 answers it whole.
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-node"], "n1");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["done"], true);
+}
+
+#[test]
+fn the_defaults_bound_a_clients_wait_in_tens_of_seconds() {
+    let d = corral::config::Config::default();
+    assert!(d.proxy.first_byte_timeout_ms <= 60_000, "{}", d.proxy.first_byte_timeout_ms);
+    assert!(d.categories[0].stream_idle_timeout_ms <= 30_000);
 }

@@ -270,12 +270,19 @@ async fn a_node_silent_mid_stream_hits_the_idle_timeout() {
 }
 
 #[tokio::test]
-async fn a_cut_in_a_non_streamed_answer_aborts_the_body() {
-    let c = cluster(1).start().await;
+async fn a_cut_in_a_non_streamed_answer_is_never_passed_on_as_a_whole_one() {
+    // Corral assembles the one JSON from the node's stream: a cut one has reached no client, so
+    // another node answers it; with none left, the client gets an error, never half a document.
+    let c = cluster(2).policy(Policy::Priority).start().await;
     c.sims[0].update_faults(|f| f.cut_after = Some(1));
     let r = c.chat("llama3.2", false).await;
     assert_eq!(r.status(), 200);
-    assert!(r.json::<Value>().await.is_err(), "an incomplete document must not parse as a whole one");
+    assert_eq!(r.headers()["x-corral-node"], "n1");
+    assert_eq!(r.json::<Value>().await.expect("a whole document")["done"], true);
+    c.sims[1].update_faults(|f| f.cut_after = Some(1));
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.json::<Value>().await.expect("error")["code"], "upstream_failed");
 }
 
 #[tokio::test]

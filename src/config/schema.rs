@@ -222,6 +222,18 @@ pub struct CategoryConfig {
     /// For `policy = "priority"`: node names, most preferred first; unlisted nodes follow in
     /// config order.
     pub order: Vec<String>,
+    /// 0: off. Else a node that has sent no first token this long after the request left is
+    /// given up on (nothing has reached the client yet) and the request goes elsewhere; the
+    /// node is not marked broken for it. Non-streamed requests are covered too: Ollama nodes
+    /// are asked for a stream that Corral assembles.
+    pub first_token_timeout_ms: u64,
+    /// Longest silence between two chunks of an answer that has started; past it the stream
+    /// ends with the error line (`stream_idle_timeout`).
+    pub stream_idle_timeout_ms: u64,
+    /// Opt-in: a stream that breaks or stalls after it started is continued on another node
+    /// (what the client already has is sent as the assistant's partial message) and reaches
+    /// the client as one answer.
+    pub continue_on_cut: bool,
 }
 
 impl Default for CategoryConfig {
@@ -238,6 +250,9 @@ impl Default for CategoryConfig {
             models: Vec::new(),
             affinity: true,
             order: Vec::new(),
+            first_token_timeout_ms: 0,
+            stream_idle_timeout_ms: 30_000,
+            continue_on_cut: false,
         }
     }
 }
@@ -298,10 +313,14 @@ pub struct ProxyConfig {
     /// Largest request body accepted; bigger ones get 413 before anything is forwarded.
     pub max_body_bytes: usize,
     pub connect_timeout_ms: u64,
-    /// Until the first byte of the answer. Non-streamed generation sends nothing until it is
-    /// done, so this bounds a whole non-streamed answer too.
+    /// Until the first byte of the answer: for inference, the first token (Ollama nodes are
+    /// asked for a stream even when the client wants one JSON, which Corral assembles), so it
+    /// does not grow with the answer's length. A node silent this long is taken out at once.
+    /// It includes a cold model load: raise it for models that take longer to load.
     pub first_byte_timeout_ms: u64,
-    /// Longest silence between two chunks of a streamed answer.
+    /// Longest silence between two chunks of an answer outside any category's rule (model
+    /// operations' progress streams); inference streams follow their category's
+    /// `stream_idle_timeout_ms`.
     pub idle_timeout_ms: u64,
     /// How long `serve` lets in-flight requests finish after SIGINT/SIGTERM.
     pub drain_timeout_ms: u64,
@@ -330,7 +349,7 @@ impl Default for ProxyConfig {
         Self {
             max_body_bytes: 32 * 1024 * 1024,
             connect_timeout_ms: 2_000,
-            first_byte_timeout_ms: 300_000,
+            first_byte_timeout_ms: 60_000,
             idle_timeout_ms: 120_000,
             drain_timeout_ms: 30_000,
             default_num_ctx: 4096,
@@ -478,6 +497,20 @@ pub struct RetryConfig {
 impl Default for RetryConfig {
     fn default() -> Self {
         Self { max_attempts: 3, backoff_base_ms: 25, backoff_cap_ms: 1_000, budget_ratio: 0.2, budget_min_per_sec: 10 }
+    }
+}
+
+impl CategoryConfig {
+    /// Whether a request that no node can answer may go to a cloud provider.
+    pub fn may_fall_back(&self) -> bool {
+        self.cloud == CloudPermission::OnFailure && !self.providers.is_empty()
+    }
+    pub fn stream_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.stream_idle_timeout_ms)
+    }
+    /// The first-token deadline, when the category sets one.
+    pub fn first_token_timeout(&self) -> Option<Duration> {
+        (self.first_token_timeout_ms > 0).then(|| Duration::from_millis(self.first_token_timeout_ms))
     }
 }
 

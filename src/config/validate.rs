@@ -245,6 +245,16 @@ fn categories(c: &Config, out: &mut Found) {
         if cat.queue_timeout_ms == 0 {
             push(out, format!("categories[{i}].queue_timeout_ms"), "must be greater than 0");
         }
+        if cat.stream_idle_timeout_ms < 100 {
+            push(out, format!("categories[{i}].stream_idle_timeout_ms"), "must be at least 100 (milliseconds)");
+        }
+        if cat.first_token_timeout_ms > 0 && cat.first_token_timeout_ms < 100 {
+            push(
+                out,
+                format!("categories[{i}].first_token_timeout_ms"),
+                "must be 0 (off) or at least 100 (milliseconds)",
+            );
+        }
         for (j, p) in cat.providers.iter().enumerate() {
             if !c.providers.iter().any(|q| &q.name == p) {
                 push(out, format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));

@@ -29,6 +29,7 @@ use crate::node::InFlight;
 use crate::outcome::Outcome;
 use crate::state::Shared;
 use crate::telemetry::Trace;
+use crate::upstream::assemble::{self, AssembleError};
 use crate::upstream::openai::{self, Plan};
 use crate::upstream::translate::{native_error, Reply};
 use crate::upstream::{self, Answer, SendError, Upstream};
@@ -47,6 +48,10 @@ pub struct Outbound {
     pub session: Option<String>,
     pub request_id: String,
     pub queue_timeout: Duration,
+    /// The body's own `stream`, when it says.
+    pub stream: Option<bool>,
+    /// Whether a cloud provider may answer when no node can (see `Ticket::has_alternative`).
+    pub has_alternative: bool,
 }
 
 /// Why one attempt did not produce a response for the client.
@@ -78,7 +83,10 @@ pub async fn forward(
         priority: out.priority,
         origin: out.origin,
         body_bytes: out.body.len(),
+        excluded: Vec::new(),
+        has_alternative: out.has_alternative,
     };
+    let idle = config.category(&out.category).map_or(config.proxy.idle_timeout(), |c| c.stream_idle_timeout());
     let mut failures: Vec<(String, AttemptFailed)> = Vec::new();
 
     for attempt in 1..=max_attempts {
@@ -96,6 +104,7 @@ pub async fn forward(
             Err(_) => break,
         };
         let node = Arc::clone(guard.node());
+        let forced = guard.forced();
         ticket.tried.push(Arc::clone(&node));
         if let Some(t) = trace.as_mut() {
             t.mark_dispatched();
@@ -107,31 +116,37 @@ pub async fn forward(
                 if let Some(t) = trace.as_mut() {
                     t.mark_first_byte();
                 }
-                let idle = config.proxy.idle_timeout();
-                let mut resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle);
-                let h = resp.headers_mut();
-                if let Ok(v) = HeaderValue::from_str(node.name()) {
-                    h.insert("x-corral-node", v);
-                }
-                h.insert("x-corral-attempts", HeaderValue::from(attempt));
-                return Ok(resp);
+                let resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle);
+                return Ok(labelled(resp, node.name(), attempt));
             }
-            Ok(Attempt::Whole(mut resp)) => {
-                let h = resp.headers_mut();
-                if let Ok(v) = HeaderValue::from_str(node.name()) {
-                    h.insert("x-corral-node", v);
-                }
-                h.insert("x-corral-attempts", HeaderValue::from(attempt));
-                return Ok(resp);
-            }
+            Ok(Attempt::Whole(resp)) => return Ok(labelled(resp, node.name(), attempt)),
             Err(f) => {
                 tracing::debug!(request_id = %out.request_id, node = %node.name(), attempt, outcome = ?f.outcome, detail = %f.detail, "attempt failed");
+                // A node that let a deadline pass is not asked again for this request: a
+                // second wait would double what the client waits.
+                if f.outcome.is_timeout() {
+                    ticket.excluded.push(Arc::clone(&node));
+                }
                 failures.push((node.name().to_string(), f));
+                // Forced past its open breaker because nothing else could answer: once.
+                if forced {
+                    break;
+                }
             }
         }
     }
     let attempts = failures.len() as u32;
     Err((summarize(&failures, out.model.as_deref()), attempts))
+}
+
+/// `resp` marked with the node that answered and the attempts it took.
+fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
+    let h = resp.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(node) {
+        h.insert("x-corral-node", v);
+    }
+    h.insert("x-corral-attempts", HeaderValue::from(attempt));
+    resp
 }
 
 /// Turn the failed attempts into the one error the client sees.
@@ -149,7 +164,7 @@ fn summarize(failures: &[(String, AttemptFailed)], model: Option<&str>) -> Broke
         return BrokerError::ClusterBusy;
     }
     match failures.last() {
-        Some((_, f)) if f.outcome == Outcome::TimedOut => BrokerError::UpstreamTimeout { attempts, detail },
+        Some((_, f)) if f.outcome.is_timeout() => BrokerError::UpstreamTimeout { attempts, detail },
         _ => BrokerError::UpstreamFailed { attempts, detail },
     }
 }
@@ -214,24 +229,95 @@ async fn attempt_once(
     } else {
         None
     };
-    let (url, body) = match &plan {
-        Some(p) => (p.url.clone(), p.body.clone()),
-        None => (up.url(&out.path_and_query), out.body.clone()),
+    let (request, assembled) = prepare(shared, out, &up, plan.as_ref());
+    let category = config.category(&out.category);
+    let (first_byte, late) = first_token_deadline(config, category);
+    let timed = |e: SendError| {
+        let outcome = if e.outcome() == Outcome::Silent { late } else { e.outcome() };
+        (outcome, e.to_string())
+    };
+    let sent = match upstream::send(request, first_byte).await {
+        Ok(s) => s,
+        Err(e) => {
+            let (outcome, detail) = timed(e);
+            return Err(judged(&mut guard, outcome, detail));
+        }
+    };
+    let native = plan.as_ref().and_then(|p| p.native).is_some();
+    let sent = match not_an_answer(&mut guard, out, sent, native).await {
+        Ok(sent) => sent,
+        Err(decided) => return decided.map(Attempt::Whole),
+    };
+    let answer = match node_answer(sent, plan).await {
+        Ok(a) => a,
+        Err(e) => {
+            let (outcome, detail) = timed(e);
+            return Err(judged(&mut guard, outcome, detail));
+        }
+    };
+    node.observe_ttfb(answer.sent_at.elapsed());
+    match assembled {
+        Some(api) if answer.status == StatusCode::OK && is_ndjson(&answer.headers) => {
+            let idle = category.map_or(config.proxy.idle_timeout(), |c| c.stream_idle_timeout());
+            assembled_attempt(guard, answer, api, idle).await
+        }
+        _ => Ok(Attempt::Relay(answer, guard)),
+    }
+}
+
+/// The request for the node, and whether its one-JSON answer is to be assembled from a
+/// stream: asked of an Ollama node, one JSON is asked as a stream, so the first token is seen
+/// (and bounded) whatever the answer's length.
+fn prepare(
+    shared: &Shared,
+    out: &Outbound,
+    up: &Upstream,
+    plan: Option<&Plan>,
+) -> (reqwest::RequestBuilder, Option<assemble::Api>) {
+    let assembled = (plan.is_none() && out.stream == Some(false))
+        .then(|| assemble::Api::of(&out.path_and_query))
+        .flatten()
+        .and_then(|api| assemble::streamed_body(&out.body).map(|b| (api, b)));
+    let (url, body) = match (plan, &assembled) {
+        (Some(p), _) => (p.url.clone(), p.body.clone()),
+        (None, Some((_, streamed))) => (up.url(&out.path_and_query), streamed.clone()),
+        (None, None) => (up.url(&out.path_and_query), out.body.clone()),
     };
     let mut headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
         headers.insert("x-request-id", v);
     }
-    if plan.as_ref().is_some_and(|p| p.native.is_some()) {
+    if plan.is_some_and(|p| p.native.is_some()) {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     let request = shared.client.request(out.method.clone(), url).headers(headers).body(body);
-    let first_byte = config.proxy.first_byte_timeout();
-    let sent = upstream::send(request, first_byte).await.map_err(|e| failed(&mut guard, e))?;
+    (request, assembled.map(|(api, _)| api))
+}
+
+/// How long a node has for its first byte, and what missing it means: past the category's
+/// tighter first-token deadline the node is too slow for this request (`Slow`); past the
+/// proxy's first-byte timeout it is silent (`Silent`, which takes it out).
+fn first_token_deadline(config: &Config, category: Option<&crate::config::CategoryConfig>) -> (Duration, Outcome) {
+    let global = config.proxy.first_byte_timeout();
+    match category.and_then(|c| c.first_token_timeout()).filter(|d| *d < global) {
+        Some(d) => (d, Outcome::Slow),
+        None => (global, Outcome::Silent),
+    }
+}
+
+/// Judge a head that is not an answer to relay: a 429, a 5xx, a 404 about the model, an
+/// OpenAI-compatible node's 4xx. `Ok(sent)` hands back an answer to relay; `Err` carries the
+/// attempt's end (a small response for the client, or a failure to retry).
+async fn not_an_answer(
+    guard: &mut InFlight,
+    out: &Outbound,
+    sent: upstream::Sent,
+    native: bool,
+) -> Result<upstream::Sent, Result<Response, AttemptFailed>> {
     let status = sent.response.status();
-    let native = plan.as_ref().and_then(|p| p.native);
+    let node = Arc::clone(guard.node());
     if status == StatusCode::TOO_MANY_REQUESTS {
-        return Err(rate_limited(&mut guard, sent.response).await);
+        return Err(Err(rate_limited(guard, sent.response).await));
     }
     if status.is_server_error() {
         let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
@@ -239,48 +325,86 @@ async fn attempt_once(
             // The request itself is what the node cannot do: its answer, not its failure.
             tracing::debug!(node = %node.name(), status = status.as_u16(), "node cannot serve this request");
             guard.judge(Outcome::Success);
-            let native_path = native.is_some() || out.path_and_query.starts_with("/api/");
+            let native_path = native || out.path_and_query.starts_with("/api/");
             let body = if native_path { native_error(body.as_bytes()).to_string() } else { body };
-            return Ok(Attempt::Whole(whole(status, body)));
+            return Err(Ok(whole(status, body)));
         }
         let busy = status == StatusCode::SERVICE_UNAVAILABLE && body.contains("server busy");
         let outcome = if busy { Outcome::Busy } else { Outcome::Failed };
-        return Err(judged(&mut guard, outcome, format!("HTTP {} {}", status.as_u16(), body.trim())));
+        return Err(Err(judged(guard, outcome, format!("HTTP {} {}", status.as_u16(), body.trim()))));
     }
     if status == StatusCode::NOT_FOUND && out.model.is_some() && !out.path_and_query.starts_with("/api/show") {
-        return not_found(guard, out, sent.response, native.is_some()).await;
+        return Err(not_found(guard, out, sent.response, native).await);
     }
-    if native.is_some() && status.is_client_error() {
+    if native && status.is_client_error() {
         // The node's own refusal, in Ollama's words.
         let body = upstream::read_small(sent.response, Duration::from_secs(2)).await;
         tracing::debug!(node = %node.name(), status = status.as_u16(), "OpenAI-compatible node refused");
         guard.judge(Outcome::Success);
-        return Ok(Attempt::Whole(whole(status, native_error(body.as_bytes()).to_string())));
+        return Err(Ok(whole(status, native_error(body.as_bytes()).to_string())));
     }
-    let answer = node_answer(sent, plan).await.map_err(|e| failed(&mut guard, e))?;
-    node.observe_ttfb(answer.sent_at.elapsed());
-    Ok(Attempt::Relay(answer, guard))
+    Ok(sent)
+}
+
+/// The attempt's end once its streamed answer is read whole and made into one JSON.
+async fn assembled_attempt(
+    mut guard: InFlight,
+    answer: Answer,
+    api: assemble::Api,
+    idle: Duration,
+) -> Result<Attempt, AttemptFailed> {
+    match assemble_answer(answer, api, idle).await {
+        Ok(whole) => Ok(Attempt::Relay(whole, guard)),
+        // What Ollama would have answered 500 with, when it is about the request itself.
+        Err(AssembleError::Node(m)) if says_unsupported(&m) => {
+            guard.judge(Outcome::Success);
+            let body = serde_json::json!({ "error": m }).to_string();
+            Ok(Attempt::Whole(whole(StatusCode::INTERNAL_SERVER_ERROR, body)))
+        }
+        Err(e) => {
+            let outcome = if matches!(e, AssembleError::Stalled(_)) { Outcome::TimedOut } else { Outcome::Failed };
+            Err(judged(&mut guard, outcome, e.to_string()))
+        }
+    }
+}
+
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-ndjson"))
+}
+
+/// The whole of a streamed answer made into the one JSON the client asked for; nothing has
+/// reached the client yet, so a failure on the way is an attempt that may go elsewhere.
+async fn assemble_answer(answer: Answer, api: assemble::Api, idle: Duration) -> Result<Answer, AssembleError> {
+    let (status, sent_at) = (answer.status, answer.sent_at);
+    let mut headers = answer.headers.clone();
+    let body = assemble::collect(answer, api, idle).await?;
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    let rest: upstream::BodyStream = Box::pin(futures_util::stream::empty());
+    Ok(Answer { status, headers, first: Some(body), body: rest, sent_at })
 }
 
 /// A node's 404 for a request naming a model: "model not found" means its model list was
 /// stale (try a node that has it); anything else is the node's own answer.
 async fn not_found(
-    mut guard: InFlight,
+    guard: &mut InFlight,
     out: &Outbound,
     resp: reqwest::Response,
     translated: bool,
-) -> Result<Attempt, AttemptFailed> {
+) -> Result<Response, AttemptFailed> {
     let body = upstream::read_small(resp, Duration::from_secs(2)).await;
     if says_model_missing(&body) {
         // Stale model list (say, before the first deep probe): try a node that has it.
         if let Some(m) = &out.model {
             guard.node().forget_model(m);
         }
-        return Err(judged(&mut guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
+        return Err(judged(guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
     }
     let body = if translated { native_error(body.as_bytes()).to_string() } else { body };
     guard.judge(Outcome::Success);
-    Ok(Attempt::Whole(whole(StatusCode::NOT_FOUND, body)))
+    Ok(whole(StatusCode::NOT_FOUND, body))
 }
 
 /// Whether a node's 404 body says the *model* is missing (Ollama: `{"error":"model \"x\" not
@@ -348,10 +472,6 @@ async fn rate_limited(guard: &mut InFlight, resp: reqwest::Response) -> AttemptF
 fn judged(guard: &mut InFlight, outcome: Outcome, detail: String) -> AttemptFailed {
     guard.judge(outcome);
     AttemptFailed { outcome, detail }
-}
-
-fn failed(guard: &mut InFlight, e: SendError) -> AttemptFailed {
-    judged(guard, e.outcome(), e.to_string())
 }
 
 #[cfg(test)]

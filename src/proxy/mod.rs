@@ -293,22 +293,10 @@ async fn serve(
         return fanout::unload(shared, &path, body, model).await.map_err(|e| (e, 0));
     }
     let cat = config.category(&asked.category);
-    let session = parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string);
     // Kept for a cloud fallback: the body is shared, not copied.
     let fallback_body = body.clone();
-    let out = Outbound {
-        method: parts.method.clone(),
-        path_and_query: parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or(path.clone()),
-        headers: parts.headers,
-        body,
-        model: asked.model.clone(),
-        priority: cat.map_or(1, |c| c.priority),
-        origin: state.listener.origin,
-        session,
-        category: asked.category.clone(),
-        request_id: id.to_string(),
-        queue_timeout: asked.queue_timeout,
-    };
+    let may_fall_back = lifecycle.is_none() && crate::cloud::can_fall_back(&path);
+    let out = outbound(state, parts, body, id, &asked, cat, may_fall_back);
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
         Err((local, attempts)) => match (cat, asked.model.as_deref()) {
@@ -339,6 +327,34 @@ async fn serve(
         response.headers_mut().insert("x-corral-context-warning", w);
     }
     Ok(response)
+}
+
+/// What `forward` needs of the request; the headers and body move, nothing is copied.
+fn outbound(
+    state: &ProxyState,
+    parts: http::request::Parts,
+    body: axum::body::Bytes,
+    id: &str,
+    asked: &Asked,
+    cat: Option<&crate::config::CategoryConfig>,
+    may_fall_back: bool,
+) -> Outbound {
+    let path = parts.uri.path().to_string();
+    Outbound {
+        method: parts.method.clone(),
+        path_and_query: parts.uri.path_and_query().map_or(path, |p| p.as_str().to_string()),
+        session: parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string),
+        headers: parts.headers,
+        body,
+        model: asked.model.clone(),
+        priority: cat.map_or(1, |c| c.priority),
+        origin: state.listener.origin,
+        category: asked.category.clone(),
+        request_id: id.to_string(),
+        queue_timeout: asked.queue_timeout,
+        stream: asked.stream,
+        has_alternative: may_fall_back && cat.is_some_and(|c| c.may_fall_back()),
+    }
 }
 
 /// Answers made without sending the request to one chosen node: merged lists, fanned-out model
@@ -429,6 +445,8 @@ struct Asked {
     context_warning: Option<String>,
     /// The body carries no prompt or message text: it may be a bare load or unload.
     textless: bool,
+    /// The body's own `stream`, when it says.
+    stream: Option<bool>,
 }
 
 impl Asked {
@@ -470,7 +488,7 @@ impl Asked {
             _ => None,
         };
         let textless = parsed.as_ref().is_some_and(|p| p.chat_text == 0 && p.generate_text == 0);
-        Ok(Self { model, category, queue_timeout, context_warning, textless })
+        Ok(Self { model, category, queue_timeout, context_warning, textless, stream })
     }
 }
 

@@ -12,6 +12,7 @@
 //! It must not judge outcomes or touch node state: it returns what happened and the caller
 //! records it.
 
+pub mod assemble;
 pub mod lifecycle;
 pub mod ollama;
 pub mod openai;
@@ -147,7 +148,7 @@ impl SendError {
     pub fn outcome(&self) -> crate::outcome::Outcome {
         use crate::outcome::Outcome;
         match self {
-            Self::NoAnswer(_) | Self::NoBody(_) => Outcome::TimedOut,
+            Self::NoAnswer(_) | Self::NoBody(_) => Outcome::Silent,
             Self::Connect(_) => Outcome::ConnectFailed,
             Self::Failed(_) | Self::BodyFailed(_) => Outcome::Failed,
         }

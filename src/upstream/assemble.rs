@@ -1,0 +1,484 @@
+//! One JSON answer made from an Ollama node's stream.
+//!
+//! A non-streamed Ollama answer sends nothing until the whole answer is generated, so its first
+//! byte is its last: a first-token deadline could not tell a node that is slow to start from
+//! one that writes a long answer. Corral therefore asks Ollama nodes for a stream even when the
+//! client asked for `"stream": false`, and makes the single JSON itself, the way Ollama's own
+//! handlers make it (`server/routes.go`, `ChatHandler`/`writeChatResponse` and
+//! `GenerateHandler` at fb30760996871fa9460115c753afd2c60d4ab0f7): the last chunk, with the
+//! text (`message.content` / `response`) and `thinking` of every chunk joined, the tool calls
+//! and log probabilities of every chunk gathered, field order kept and strings encoded as Go's
+//! `encoding/json` encodes them (`<`, `>`, `&` as `\u003c`...). An error line in the stream is
+//! what Ollama would have answered with status 500.
+
+use std::time::Duration;
+
+use axum::body::Bytes;
+use futures_util::StreamExt;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{Answer, BodyStream};
+
+/// Most bytes of stream read to make one answer: far above any real answer, it bounds a node
+/// that streams without end.
+const MAX_STREAM_BYTES: usize = 64 * 1024 * 1024;
+
+/// Which of Ollama's generating endpoints the stream answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Generate,
+}
+
+impl Api {
+    pub fn of(path: &str) -> Option<Self> {
+        match path.split('?').next().unwrap_or(path) {
+            "/api/chat" => Some(Self::Chat),
+            "/api/generate" => Some(Self::Generate),
+            _ => None,
+        }
+    }
+}
+
+/// Why no single answer could be made; nothing has reached the client, so every one of these
+/// leaves the request free to go to another node.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AssembleError {
+    /// The node put `{"error": ...}` in the stream: Ollama's non-streamed answer would have
+    /// been a 500 with it.
+    #[error("{0}")]
+    Node(String),
+    #[error("the stream broke off before its last chunk ({0})")]
+    Cut(String),
+    #[error("the stream ended without its last chunk")]
+    NoEnd,
+    #[error("node sent nothing for {0} ms mid-answer")]
+    Stalled(u128),
+    #[error("a chunk is not Ollama's JSON ({0})")]
+    Malformed(String),
+    #[error("the answer passed {MAX_STREAM_BYTES} bytes")]
+    TooLarge,
+}
+
+/// `body` (a JSON object whose top-level `"stream"` is `false`) asking for a stream instead.
+/// The client's bytes are kept but for that one value; a key spelled with escapes falls back
+/// to rewriting the object.
+pub fn streamed_body(body: &[u8]) -> Option<Bytes> {
+    if let Some((start, end)) = top_level_value(body, b"stream") {
+        if &body[start..end] == b"false" {
+            let mut out = Vec::with_capacity(body.len() + 1);
+            out.extend_from_slice(&body[..start]);
+            out.extend_from_slice(b"true");
+            out.extend_from_slice(&body[end..]);
+            return Some(Bytes::from(out));
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    (v.get("stream")? == &serde_json::Value::Bool(false)).then_some(())?;
+    v["stream"] = serde_json::Value::Bool(true);
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// The byte range of the value of top-level `key` (spelled without escapes) in a JSON object.
+fn top_level_value(body: &[u8], key: &[u8]) -> Option<(usize, usize)> {
+    let (mut depth, mut i) = (0usize, 0usize);
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                let start = i + 1;
+                let end = string_end(body, start)?;
+                i = end + 1;
+                if depth == 1 && &body[start..end] == key {
+                    let colon = skip_ws(body, i);
+                    if body.get(colon) == Some(&b':') {
+                        let v = skip_ws(body, colon + 1);
+                        let e = v + body[v..].iter().position(|b| !b.is_ascii_alphanumeric())?;
+                        return Some((v, e));
+                    }
+                }
+                continue;
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+fn string_end(body: &[u8], mut i: usize) -> Option<usize> {
+    while i < body.len() {
+        match body[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(i),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+fn skip_ws(body: &[u8], mut i: usize) -> usize {
+    while body.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// Read the rest of `answer` (an NDJSON stream whose first chunk is here) and make the one
+/// JSON Ollama would have sent; `idle` bounds the silence between chunks.
+pub async fn collect(mut answer: Answer, api: Api, idle: Duration) -> Result<Bytes, AssembleError> {
+    let mut joined = Assembler::new(api);
+    if let Some(first) = answer.first.take() {
+        joined.push(&first)?;
+    }
+    let body: &mut BodyStream = &mut answer.body;
+    loop {
+        match tokio::time::timeout(idle, body.next()).await {
+            Err(_) => return Err(AssembleError::Stalled(idle.as_millis())),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(AssembleError::Cut(e.to_string())),
+            Ok(Some(Ok(chunk))) => joined.push(&chunk)?,
+        }
+    }
+    joined.finish().map(Bytes::from)
+}
+
+/// What one line of the stream adds to the answer.
+#[derive(Deserialize)]
+struct Line<'a> {
+    #[serde(borrow)]
+    message: Option<LineText<'a>>,
+    #[serde(borrow)]
+    response: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    logprobs: Option<Vec<&'a RawValue>>,
+    #[serde(borrow)]
+    error: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct LineText<'a> {
+    #[serde(borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<&'a RawValue>>,
+}
+
+/// The answer so far: joined text, gathered lists, and the last line as it came.
+#[derive(Debug)]
+pub struct Assembler {
+    api: Api,
+    content: String,
+    thinking: String,
+    tool_calls: Vec<String>,
+    logprobs: Vec<String>,
+    last: Option<Vec<u8>>,
+    /// A line not yet ended by `\n`.
+    partial: Vec<u8>,
+    read: usize,
+}
+
+impl Assembler {
+    pub fn new(api: Api) -> Self {
+        Self {
+            api,
+            content: String::new(),
+            thinking: String::new(),
+            tool_calls: Vec::new(),
+            logprobs: Vec::new(),
+            last: None,
+            partial: Vec::new(),
+            read: 0,
+        }
+    }
+
+    /// Take one chunk of the stream (any cut: lines may span chunks).
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), AssembleError> {
+        self.read += chunk.len();
+        if self.read > MAX_STREAM_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let line = if self.partial.is_empty() {
+                rest[..nl].to_vec()
+            } else {
+                let mut l = std::mem::take(&mut self.partial);
+                l.extend_from_slice(&rest[..nl]);
+                l
+            };
+            self.line(line)?;
+            rest = &rest[nl + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        Ok(())
+    }
+
+    fn line(&mut self, line: Vec<u8>) -> Result<(), AssembleError> {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return Ok(());
+        }
+        let parsed: Line<'_> = serde_json::from_slice(&line).map_err(|e| AssembleError::Malformed(e.to_string()))?;
+        if let Some(e) = parsed.error {
+            return Err(AssembleError::Node(e.into_owned()));
+        }
+        match (self.api, &parsed.message) {
+            (Api::Chat, Some(m)) => {
+                self.content.push_str(m.content.as_deref().unwrap_or_default());
+                self.thinking.push_str(m.thinking.as_deref().unwrap_or_default());
+                self.tool_calls.extend(m.tool_calls.iter().flatten().map(|r| r.get().to_string()));
+            }
+            _ => {
+                self.content.push_str(parsed.response.as_deref().unwrap_or_default());
+                self.thinking.push_str(parsed.thinking.as_deref().unwrap_or_default());
+            }
+        }
+        self.logprobs.extend(parsed.logprobs.iter().flatten().map(|r| r.get().to_string()));
+        drop(parsed);
+        self.last = Some(line);
+        Ok(())
+    }
+
+    /// The one JSON: the last line with the joined text and gathered lists put in.
+    pub fn finish(mut self) -> Result<Vec<u8>, AssembleError> {
+        if !self.partial.is_empty() {
+            let line = std::mem::take(&mut self.partial);
+            self.line(line)?;
+        }
+        let last = self.last.take().ok_or(AssembleError::NoEnd)?;
+        let mut fields = Ordered::parse(&last)?;
+        if fields.get("done") != Some("true") {
+            return Err(AssembleError::NoEnd);
+        }
+        let logprobs = (!self.logprobs.is_empty()).then(|| format!("[{}]", self.logprobs.join(",")));
+        match self.api {
+            Api::Chat => {
+                let mut message = match fields.get("message") {
+                    Some(m) => Ordered::parse(m.as_bytes())?,
+                    None => Ordered(Vec::new()),
+                };
+                message.set("content", Some(go_string(&self.content)), &["role"]);
+                let thinking = (!self.thinking.is_empty()).then(|| go_string(&self.thinking));
+                message.set("thinking", thinking, &["role", "content"]);
+                if !self.tool_calls.is_empty() {
+                    let calls = format!("[{}]", self.tool_calls.join(","));
+                    message.set("tool_calls", Some(calls), &["role", "content", "thinking", "images"]);
+                }
+                fields.set("message", Some(message.to_json()), &["model", "remote_model", "remote_host", "created_at"]);
+                let before = ["model", "remote_model", "remote_host", "created_at", "message", "done", "done_reason"];
+                fields.set("logprobs", logprobs, &[&before[..], &["_debug_info"]].concat());
+            }
+            Api::Generate => {
+                fields.set(
+                    "response",
+                    Some(go_string(&self.content)),
+                    &["model", "remote_model", "remote_host", "created_at"],
+                );
+                let thinking = (!self.thinking.is_empty()).then(|| go_string(&self.thinking));
+                fields.set("thinking", thinking, &["model", "remote_model", "remote_host", "created_at", "response"]);
+                let before = [
+                    "model",
+                    "remote_model",
+                    "remote_host",
+                    "created_at",
+                    "response",
+                    "thinking",
+                    "done",
+                    "done_reason",
+                    "context",
+                    "tool_calls",
+                    "_debug_info",
+                ];
+                fields.set("logprobs", logprobs, &before);
+            }
+        }
+        Ok(fields.to_json().into_bytes())
+    }
+}
+
+/// A JSON object's fields in their order, each value as its raw JSON text.
+#[derive(Debug)]
+struct Ordered(Vec<(String, String)>);
+
+impl Ordered {
+    fn parse(json: &[u8]) -> Result<Self, AssembleError> {
+        let mut de = serde_json::Deserializer::from_slice(json);
+        de.deserialize_map(OrderedVisitor).map_err(|e| AssembleError::Malformed(e.to_string()))
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// Set `key` to `value` (raw JSON) where it is, or right after the last of `after` that is
+    /// there (Go's field order); `None` removes it (`omitempty`).
+    fn set(&mut self, key: &str, value: Option<String>, after: &[&str]) {
+        let at = self.0.iter().position(|(k, _)| k == key);
+        match (at, value) {
+            (Some(i), Some(v)) => self.0[i].1 = v,
+            (Some(i), None) => {
+                self.0.remove(i);
+            }
+            (None, Some(v)) => {
+                let pos = self.0.iter().rposition(|(k, _)| after.contains(&k.as_str())).map_or(0, |i| i + 1);
+                self.0.insert(pos, (key.to_string(), v));
+            }
+            (None, None) => {}
+        }
+    }
+
+    fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&go_string(k));
+            out.push(':');
+            out.push_str(v);
+        }
+        out.push('}');
+        out
+    }
+}
+
+struct OrderedVisitor;
+
+impl<'de> Visitor<'de> for OrderedVisitor {
+    type Value = Ordered;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
+        let mut fields = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, &RawValue>()? {
+            fields.push((k, v.get().to_string()));
+        }
+        Ok(Ordered(fields))
+    }
+}
+
+/// `s` as Go's `encoding/json` writes a string: HTML-safe (`<`, `>`, `&` as `\u003c`, `\u003e`,
+/// `\u0026`), U+2028 and U+2029 escaped, other control characters as `\u00xx` but for `\b`,
+/// `\f`, `\n`, `\r`, `\t`.
+pub fn go_string(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{2028}' => out.push_str("\\u2028"),
+            '\u{2029}' => out.push_str("\\u2029"),
+            c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => {
+                let b = c as u32 as u8;
+                out.push_str("\\u00");
+                out.push(HEX[(b >> 4) as usize] as char);
+                out.push(HEX[(b & 0xf) as usize] as char);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assemble(api: Api, chunks: &[&str]) -> Result<String, AssembleError> {
+        let mut a = Assembler::new(api);
+        for c in chunks {
+            a.push(c.as_bytes())?;
+        }
+        a.finish().map(|b| String::from_utf8(b).expect("utf8"))
+    }
+
+    #[test]
+    fn a_chat_stream_becomes_the_last_chunk_with_the_text_joined() {
+        let lines = [
+            "{\"model\":\"m\",\"created_at\":\"t1\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"thinking\":\"hm \"},\"done\":false}\n",
+            "{\"model\":\"m\",\"created_at\":\"t2\",\"message\":{\"role\":\"assistant\",\"content\":\"Hel\"},\"done\":false}\n{\"model\":\"m\",\"created_at\":\"t3\",\"message\":{\"role\":\"assistant\",\"content\":\"lo \\u003cb\\u003e\"},\"do",
+            "ne\":false}\n{\"model\":\"m\",\"created_at\":\"t4\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5,\"eval_count\":2}\n",
+        ];
+        assert_eq!(
+            assemble(Api::Chat, &lines).expect("answer"),
+            "{\"model\":\"m\",\"created_at\":\"t4\",\"message\":{\"role\":\"assistant\",\"content\":\"Hello \\u003cb\\u003e\",\"thinking\":\"hm \"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":5,\"eval_count\":2}"
+        );
+    }
+
+    #[test]
+    fn tool_calls_and_logprobs_of_every_chunk_are_gathered() {
+        let lines = [
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"a\"}}]},\"done\":false,\"logprobs\":[{\"token\":\"x\"}]}\n",
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"function\":{\"name\":\"b\"}}]},\"done\":false}\n",
+            "{\"model\":\"m\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"logprobs\":[{\"token\":\"y\"}],\"eval_count\":2}\n",
+        ];
+        let got = assemble(Api::Chat, &lines).expect("answer");
+        assert!(got.contains(r#""tool_calls":[{"function":{"name":"a"}},{"function":{"name":"b"}}]"#), "{got}");
+        assert!(
+            got.contains(r#""done_reason":"stop","logprobs":[{"token":"x"},{"token":"y"}],"eval_count":2"#),
+            "{got}"
+        );
+    }
+
+    #[test]
+    fn a_generate_stream_joins_response_and_keeps_context() {
+        let lines = [
+            "{\"model\":\"m\",\"created_at\":\"a\",\"response\":\"Hi\",\"done\":false}\n",
+            "{\"model\":\"m\",\"created_at\":\"b\",\"response\":\" there\",\"thinking\":\"t\",\"done\":false}\n",
+            "{\"model\":\"m\",\"created_at\":\"c\",\"response\":\"\",\"done\":true,\"done_reason\":\"stop\",\"context\":[1,2]}",
+        ];
+        assert_eq!(
+            assemble(Api::Generate, &lines).expect("answer"),
+            r#"{"model":"m","created_at":"c","response":"Hi there","thinking":"t","done":true,"done_reason":"stop","context":[1,2]}"#
+        );
+    }
+
+    #[test]
+    fn an_error_line_a_missing_end_and_garbage_are_errors() {
+        let err = ["{\"model\":\"m\",\"response\":\"a\",\"done\":false}\n{\"error\":\"out of memory\"}\n"];
+        assert_eq!(assemble(Api::Generate, &err), Err(AssembleError::Node("out of memory".into())));
+        let cut = ["{\"model\":\"m\",\"response\":\"a\",\"done\":false}\n"];
+        assert_eq!(assemble(Api::Generate, &cut), Err(AssembleError::NoEnd));
+        assert!(matches!(assemble(Api::Chat, &["not json\n"]), Err(AssembleError::Malformed(_))));
+        assert_eq!(assemble(Api::Chat, &[]), Err(AssembleError::NoEnd));
+    }
+
+    #[test]
+    fn only_the_top_level_stream_false_is_turned_into_true() {
+        let body = br#"{"model":"m","options":{"stream":false},"stream" : false,"messages":[]}"#;
+        assert_eq!(
+            &streamed_body(body).expect("rewritten")[..],
+            br#"{"model":"m","options":{"stream":false},"stream" : true,"messages":[]}"#
+        );
+        let escaped = br#"{"model":"m","str\u0065am":false}"#;
+        let v: serde_json::Value = serde_json::from_slice(&streamed_body(escaped).expect("rewritten")).expect("json");
+        assert_eq!(v["stream"], true);
+        assert!(streamed_body(br#"{"model":"m","stream":true}"#).is_none());
+        let tricky = br#"{"prompt":"say \"stream\":false","stream":false}"#;
+        assert_eq!(
+            &streamed_body(tricky).expect("rewritten")[..],
+            br#"{"prompt":"say \"stream\":false","stream":true}"#
+        );
+    }
+
+    #[test]
+    fn strings_are_encoded_as_go_encodes_them() {
+        assert_eq!(go_string("a<b>&c\"\\\n\u{1}\u{2028}é"), "\"a\\u003cb\\u003e\\u0026c\\\"\\\\\\n\\u0001\\u2028é\"");
+    }
+}
