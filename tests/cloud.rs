@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, ndjson};
+use common::{cluster, eventually, ndjson};
 use corral::config::{CategoryConfig, CloudPermission, NodeConfig, NodeKind, ProviderConfig};
-use corral::sim::{Faults, SimNode, SimSpec};
+use corral::sim::{Faults, ScriptStep, SimNode, SimSpec};
 use corral::telemetry::Event;
 use serde_json::{json, Value};
 
@@ -467,4 +467,185 @@ async fn union_listings_name_a_model_once_however_each_node_spells_it() {
     let v1: Value = c.client.get(c.url("/v1/models")).send().await.expect("models").json().await.expect("json");
     let ids: Vec<&str> = v1["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(ids.iter().filter(|id| id.starts_with("llama3.2")).count(), 1, "{ids:?}");
+}
+
+/// Faults that answer the next `steps` inference requests as scripted.
+fn scripted(steps: impl IntoIterator<Item = ScriptStep>) -> Faults {
+    Faults { script: steps.into_iter().collect(), ..Faults::default() }
+}
+
+/// Chats each provider sim received.
+fn chats(sims: &[&SimNode]) -> Vec<usize> {
+    sims.iter().map(|s| s.count("/v1/chat/completions")).collect()
+}
+
+/// A `/api/chat` with a queue timeout of `queue_ms`, timed.
+async fn timed_chat(c: &common::Cluster, queue_ms: Option<u64>) -> (reqwest::Response, Duration) {
+    let mut r = c.client.post(c.url("/api/chat")).json(&json!({
+        "model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hello"}],
+    }));
+    if let Some(ms) = queue_ms {
+        r = r.header("x-corral-queue-timeout", ms.to_string());
+    }
+    let started = tokio::time::Instant::now();
+    let answer = r.send().await.expect("answer");
+    (answer, started.elapsed())
+}
+
+#[tokio::test]
+async fn a_provider_429_goes_to_the_next_at_once_and_keeps_that_provider_out_for_its_retry_after() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    // One 429 only: were `first` asked again within its Retry-After, it would answer.
+    first.set_faults(scripted([ScriptStep::rate_limited(1, Some(3))]));
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "second", "the next provider answered");
+    assert!(took < Duration::from_millis(1500), "at once, not after the 3 s Retry-After: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 1]);
+
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.headers()["x-corral-fallback"], "second");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 2], "within its Retry-After the rate-limited provider gets nothing");
+
+    let clients = &c.broker.shared().cloud_clients;
+    assert!(clients.held_off("first").is_some_and(|left| left <= Duration::from_secs(3)), "held off, for at most 3 s");
+    assert!(eventually(Duration::from_secs(5), || clients.held_off("first").is_none()).await, "the hold-off ends");
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "back in the chain, first again, once its wait is over");
+    assert_eq!(chats(&[&first, &second]), vec![2, 2]);
+}
+
+#[tokio::test]
+async fn a_rate_limited_provider_is_waited_for_only_when_nothing_else_can_serve_and_the_wait_fits() {
+    let only = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("only", &only)]).await;
+    stop_all(&c);
+
+    // Nothing else can serve, and its 1 s fits the 30 s queue timeout: the same provider again.
+    only.set_faults(scripted([ScriptStep::rate_limited(1, Some(1))]));
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200, "answered once its Retry-After passed");
+    assert_eq!(r.headers()["x-corral-fallback"], "only");
+    assert!(took >= Duration::from_millis(900), "it waited for the Retry-After: {took:?}");
+    assert!(took < Duration::from_secs(4), "and not much longer: {took:?}");
+    assert_eq!(chats(&[&only]), vec![2]);
+
+    // A 30 s wait does not fit a 1 s queue timeout: the client hears it at once, with the wait.
+    only.set_faults(scripted([ScriptStep::rate_limited(5, Some(30))]));
+    let (r, took) = timed_chat(&c, Some(1000)).await;
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((29..=30).contains(&wait), "the provider's Retry-After reaches the client: {wait}");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_rate_limited", "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("only: HTTP 429")), "{v}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&only]), vec![3], "not asked again within its wait");
+
+    // Still held off: the next request does not reach it either.
+    let (r, _) = timed_chat(&c, Some(1000)).await;
+    assert_eq!((r.status().as_u16(), r.headers().contains_key("retry-after")), (429, true));
+    assert_eq!(chats(&[&only]), vec![3]);
+}
+
+#[tokio::test]
+async fn when_every_provider_fails_and_one_was_rate_limited_the_client_keeps_its_retry_after() {
+    let limited = cloud_sim(|_| {}).await;
+    let keyed = cloud_sim(|s| s.api_key = Some("sk-right".into())).await;
+    limited.set_faults(scripted([ScriptStep::rate_limited(5, Some(20))]));
+    let c = setup(vec![provider("limited", &limited), provider("keyed", &keyed)]).await;
+    stop_all(&c);
+    let (r, took) = timed_chat(&c, Some(2000)).await;
+    assert_eq!(r.status(), 502);
+    let wait: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((19..=20).contains(&wait), "the rate-limited provider's wait, not the default 1 s: {wait}");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("limited: HTTP 429") && msg.contains("keyed: HTTP 401"), "every provider's reason: {msg}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&limited, &keyed]), vec![1, 1], "the 401 is not retried");
+}
+
+#[tokio::test]
+async fn a_content_filter_refusal_reaches_the_client_once_with_its_code_and_the_next_provider_sees_nothing() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    // `/v1`: the provider's refusal as it sent it.
+    first.set_faults(scripted([ScriptStep::content_filter(1)]));
+    let r = c
+        .post("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "whose refusal it is");
+    assert!(r.headers().get("x-corral-forwarded").is_none(), "it was forwarded");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "content_filter", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("content management policy")), "{v}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 0], "once, and the next provider saw nothing");
+
+    // `/api/chat`: in Ollama's shape, status, code and Retry-After kept.
+    first.set_faults(scripted([ScriptStep { retry_after: Some(2), ..ScriptStep::content_filter(1) }]));
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "content_filter", "{v}");
+    assert!(v["error"].as_str().is_some_and(|m| m.contains("content management policy")), "{v}");
+    assert_eq!(chats(&[&first, &second]), vec![2, 0]);
+
+    // A refusal about the provider itself (its key) still moves on.
+    let keyed = cloud_sim(|s| s.api_key = Some("sk-right".into())).await;
+    let c = setup(vec![provider("keyed", &keyed), provider("second", &second)]).await;
+    stop_all(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!((r.status().as_u16(), r.headers()["x-corral-fallback"].clone()), (200, "second".parse().unwrap()));
+    assert_eq!(chats(&[&keyed, &second]), vec![1, 1]);
+}
+
+#[tokio::test]
+async fn a_500_once_is_answered_on_the_retry_and_the_next_provider_sees_nothing() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    first.set_faults(Faults::statuses(500, 1));
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "its retry answered");
+    assert!(took < Duration::from_secs(2), "one short pause: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![2, 0]);
+}
+
+#[tokio::test]
+async fn a_provider_that_fails_twice_is_left_for_the_next_and_when_all_fail_each_is_listed() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    // A connection broken before the first byte, every time: retried once, then the next.
+    first.set_faults(Faults { cut_after: Some(0), ..Faults::default() });
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!((r.status().as_u16(), r.headers()["x-corral-fallback"].clone()), (200, "second".parse().unwrap()));
+    assert_eq!(ndjson(&r.text().await.expect("body")).last().map(|l| l["done"].clone()), Some(json!(true)));
+    assert_eq!(chats(&[&first, &second]), vec![2, 1]);
+
+    // Both keep answering 500: each tried twice, both reasons listed.
+    first.set_faults(Faults::statuses(500, 10));
+    second.set_faults(Faults::statuses(503, 10));
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("first: HTTP 500") && msg.contains("second: HTTP 503"), "{msg}");
+    assert!(msg.matches("also on a retry").count() == 2, "{msg}");
+    assert!(took < Duration::from_secs(3), "two short pauses: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![4, 3]);
 }

@@ -309,6 +309,8 @@ async fn serve(
         request_id: id.to_string(),
         queue_timeout: asked.queue_timeout,
     };
+    // The fallback may wait for a rate-limited provider only within the request's queue timeout.
+    let deadline = tokio::time::Instant::now() + asked.queue_timeout;
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
         Err((local, attempts)) => match (cat, asked.model.as_deref()) {
@@ -316,8 +318,14 @@ async fn serve(
             (Some(cat), Some(model))
                 if lifecycle.is_none() && crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) =>
             {
-                let req =
-                    crate::cloud::Request { path: &path, body: &fallback_body, model, category: cat, request_id: id };
+                let req = crate::cloud::Request {
+                    path: &path,
+                    body: &fallback_body,
+                    model,
+                    category: cat,
+                    request_id: id,
+                    deadline,
+                };
                 fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
             }
             // Any node's version will do, and with none Corral's own is the answer.
