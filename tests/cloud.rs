@@ -98,7 +98,7 @@ async fn all_nodes_down_falls_back_streamed_in_ollamas_format() {
     let (last, tokens) = lines.split_last().expect("lines");
     assert!(tokens
         .iter()
-        .all(|l| l["done"] == false && l["model"] == "llama3.2" && l["message"]["role"] == "assistant"));
+        .all(|l| l["done"] == false && l["model"] == "gpt-4o-mini" && l["message"]["role"] == "assistant"));
     assert_eq!(last["done"], true);
     assert_eq!(last["done_reason"], "stop");
     assert_eq!(last["eval_count"].as_u64(), Some(tokens.len() as u64), "usage from the provider");
@@ -113,7 +113,7 @@ async fn all_nodes_down_falls_back_streamed_in_ollamas_format() {
     let r = c.chat("llama3.2", false).await;
     assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
     let v: Value = r.json().await.expect("json");
-    assert_eq!((v["done"].clone(), v["model"].clone()), (json!(true), json!("llama3.2")));
+    assert_eq!((v["done"].clone(), v["model"].clone()), (json!(true), json!("gpt-4o-mini")), "the model that answered");
     assert!(v["message"]["content"].as_str().is_some_and(|t| !t.is_empty()));
 
     let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})).await;
@@ -648,4 +648,26 @@ async fn a_provider_that_fails_twice_is_left_for_the_next_and_when_all_fail_each
     assert!(msg.matches("also on a retry").count() == 2, "{msg}");
     assert!(took < Duration::from_secs(3), "two short pauses: {took:?}");
     assert_eq!(chats(&[&first, &second]), vec![4, 3]);
+}
+
+#[tokio::test]
+async fn a_fallback_answer_names_the_provider_model_that_answered() {
+    let cloud = cloud_sim(|s| s.models.push("qwen-max".into())).await;
+    let mut p = provider("cloudsim", &cloud);
+    p.model_map.insert("llama3.2".into(), "qwen-max".into());
+    let c = setup(vec![p]).await;
+    stop_all(&c);
+
+    let v: Value = c.chat("llama3.2", false).await.json().await.expect("json");
+    assert_eq!(v["model"], "qwen-max", "/api/chat names the provider's model: {v}");
+    let lines = ndjson(&c.chat("llama3.2", true).await.text().await.expect("body"));
+    assert!(lines.iter().all(|l| l["model"] == "qwen-max"), "every streamed line: {lines:?}");
+    let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})).await;
+    assert_eq!(r.json::<Value>().await.expect("json")["model"], "qwen-max");
+    // `/v1`: the provider's own answer, its `model` untouched.
+    let r = c
+        .post("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.json::<Value>().await.expect("json")["model"], "qwen-max");
+    assert!(cloud.received().iter().all(|r| r.model.as_deref() == Some("qwen-max")), "what it was asked for");
 }

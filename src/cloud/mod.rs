@@ -608,9 +608,11 @@ async fn try_provider(
         let text = upstream::read_small(sent.response, Duration::from_secs(2)).await;
         return Err(refused(status.as_u16(), &text, wait, key.as_deref()));
     }
+    // The answer names the model that produced it: the provider's, not the one asked for.
+    let model = provider_model(p, req.model);
     let reply = match (Native::of(req.path), restorer) {
-        (Some(api), r) => Some(Reply::native(api, req.model, sent.sent_at, r)),
-        (None, Some(r)) => Some(Reply::passthrough(req.model, sent.sent_at, r)),
+        (Some(api), r) => Some(Reply::native(api, model, sent.sent_at, r)),
+        (None, Some(r)) => Some(Reply::passthrough(model, sent.sent_at, r)),
         (None, None) => None,
     };
     let remaining = sent.remaining();
