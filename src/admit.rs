@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
@@ -229,6 +230,13 @@ impl Admission {
             return Err(none_healthy());
         }
         Ok(nodes)
+    }
+
+    /// When every node that could serve `ticket` sits out a 429's `Retry-After`: how long until
+    /// the first of them may be asked again. `None` when one can be asked now.
+    pub fn held_off_for(&self, ticket: &Ticket, now: Instant) -> Option<Duration> {
+        let nodes = self.candidates(&Ticket { tried: Vec::new(), ..ticket.clone() }).ok()?;
+        nodes.iter().map(|n| n.held_off_left(now)).collect::<Option<Vec<_>>>()?.into_iter().min()
     }
 
     /// Try to give `ticket` a slot now.

@@ -77,8 +77,14 @@ pub enum BrokerError {
     CloudNotAllowed { category: String, local: String, forwarded: bool },
     #[error("no local node could serve this request ({local}), and category \"{category}\" redacts what it sends to the cloud, but the request has {bytes} bytes of text, over its redact_max_bytes of {limit}: it was not sent to any cloud provider")]
     RedactTooLarge { category: String, bytes: usize, limit: usize, local: String, forwarded: bool },
+    /// `retry_after`: when one of the providers was rate-limiting, the seconds until the first
+    /// of them takes requests again (sent as `Retry-After`).
     #[error("no local node could serve this request ({local}), and every cloud provider failed: {providers}")]
-    CloudFailed { local: String, providers: String },
+    CloudFailed { local: String, providers: String, retry_after: Option<u64> },
+    /// Every provider the category may use answered 429 (or is sitting out an earlier one),
+    /// and none took requests again within the request's queue timeout.
+    #[error("no local node could serve this request ({local}), and every cloud provider is rate-limiting: {providers}; try again in {retry_after} s")]
+    CloudRateLimited { local: String, providers: String, retry_after: u64 },
     /// A loopback listener was asked under a foreign name: a DNS-rebinding web page.
     #[error("Host {host:?} is not a name of this loopback listener; use localhost or 127.0.0.1")]
     ForbiddenHost { host: String },
@@ -129,6 +135,7 @@ impl BrokerError {
             Self::CloudNotAllowed { .. } => "cloud_not_allowed",
             Self::RedactTooLarge { .. } => "redact_too_large",
             Self::CloudFailed { .. } => "cloud_failed",
+            Self::CloudRateLimited { .. } => "cloud_rate_limited",
             Self::ForbiddenHost { .. } => "forbidden_host",
             Self::ForbiddenOrigin { .. } => "forbidden_origin",
             Self::UnsupportedMediaType { .. } => "unsupported_media_type",
@@ -153,7 +160,7 @@ impl BrokerError {
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
-            Self::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull { .. } | Self::CloudRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
@@ -175,6 +182,10 @@ impl BrokerError {
         if matches!(self, Self::QueueFull { .. }) {
             return Side::Broker;
         }
+        // Busy upstreams, not a wrong request: the same request may pass later.
+        if matches!(self, Self::CloudRateLimited { .. }) {
+            return Side::Node;
+        }
         // Asking again cannot help: the client has to use another route.
         if matches!(self, Self::RouteNotServed { .. }) {
             return Side::Client;
@@ -191,7 +202,7 @@ impl BrokerError {
         match self {
             Self::CloudNotAllowed { forwarded, .. } | Self::RedactTooLarge { forwarded, .. } => *forwarded,
             // A provider may have started on it before failing.
-            Self::CloudFailed { .. } => true,
+            Self::CloudFailed { .. } | Self::CloudRateLimited { .. } => true,
             _ => matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy),
         }
     }
@@ -199,6 +210,17 @@ impl BrokerError {
     /// Whether the same request may succeed if the client sends it again later.
     pub fn is_retryable(&self) -> bool {
         matches!(self.side(), Side::Broker | Side::Node)
+    }
+
+    /// Seconds a client should wait before sending the request again (`Retry-After`): what a
+    /// rate-limiting provider asked for, else 1 for anything retryable.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::CloudRateLimited { retry_after, .. } | Self::CloudFailed { retry_after: Some(retry_after), .. } => {
+                Some(*retry_after)
+            }
+            _ => self.is_retryable().then_some(1),
+        }
     }
 
     /// JSON body in Ollama's error shape plus Corral's fields.
@@ -222,8 +244,8 @@ impl IntoResponse for BrokerError {
         if !self.forwarded() {
             headers.insert("x-corral-forwarded", HeaderValue::from_static("false"));
         }
-        if self.is_retryable() {
-            headers.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(secs) = self.retry_after() {
+            headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }
@@ -304,7 +326,8 @@ mod tests {
             E::TooManyConnections { .. } => E::TooManyConnections { scope: "" },
             E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
             E::RedactTooLarge { .. } => E::RedactTooLarge { category: "".into(), bytes: 2, limit: 1, local: "".into(), forwarded: false },
-            E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into() },
+            E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into(), retry_after: None },
+            E::CloudRateLimited { .. } => E::CloudRateLimited { local: "".into(), providers: "".into(), retry_after: 5 },
             E::ForbiddenHost { .. } => E::ForbiddenHost { host: "".into() },
             E::ForbiddenOrigin { .. } => E::ForbiddenOrigin { origin: "".into() },
             E::UnsupportedMediaType { .. } => E::UnsupportedMediaType { content_type: "".into() },
@@ -345,5 +368,18 @@ mod tests {
             !r.headers().contains_key("x-corral-forwarded"),
             "a forwarded request must not claim it was not executed"
         );
+    }
+
+    #[test]
+    fn a_rate_limiting_provider_s_wait_reaches_the_client() {
+        let r = BrokerError::CloudRateLimited { local: "x".into(), providers: "p: 429".into(), retry_after: 7 }
+            .into_response();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()["retry-after"], "7", "the provider's wait, not a default");
+        assert!(!r.headers().contains_key("x-corral-forwarded"), "the provider received it");
+        let failed = |retry_after| BrokerError::CloudFailed { local: "x".into(), providers: "p".into(), retry_after };
+        assert_eq!(failed(Some(4)).into_response().headers()["retry-after"], "4");
+        assert_eq!(failed(None).into_response().headers()["retry-after"], "1", "retryable: the default wait");
+        assert_eq!(BrokerError::MissingModel.retry_after(), None, "a wrong request is not worth sending again");
     }
 }

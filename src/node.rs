@@ -363,6 +363,11 @@ impl Node {
         lock(&self.held_until).is_some_and(|until| now < until)
     }
 
+    /// What is left of the node's 429 hold-off at `now`, if any.
+    pub fn held_off_left(&self, now: Instant) -> Option<Duration> {
+        lock(&self.held_until).and_then(|until| until.checked_duration_since(now)).filter(|d| !d.is_zero())
+    }
+
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
     }

@@ -37,6 +37,22 @@ impl Outcome {
         matches!(self, Self::ConnectFailed | Self::Failed | Self::TimedOut | Self::Silent | Self::StreamCut)
     }
 
+    /// The name records and metrics use (the serialized form).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Busy => "busy",
+            Self::ConnectFailed => "connect_failed",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
+            Self::Silent => "silent",
+            Self::Slow => "slow",
+            Self::StreamCut => "stream_cut",
+            Self::ClientGone => "client_gone",
+            Self::ModelMissing => "model_missing",
+        }
+    }
+
     /// A timeout before the first byte: the node is not tried again for the same request.
     pub fn is_timeout(self) -> bool {
         matches!(self, Self::TimedOut | Self::Silent | Self::Slow)

@@ -78,6 +78,21 @@ pub struct RequestRow {
     pub interrupted: bool,
     /// The `X-Request-Id` the client sent, if any (bounded, visible ASCII); never a key.
     pub client_request_id: Option<String>,
+    /// The model that answered, when it is not the one asked for (a cloud provider's).
+    pub answered_model: Option<String>,
+    /// The attempts that failed before the answer (or before giving up), in order.
+    pub failed_attempts: Vec<FailedAttempt>,
+    /// The node that continued this answer after its stream broke (`continue_on_cut`).
+    pub continued_by: Option<String>,
+}
+
+/// One attempt that did not answer: where it went and how it ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct FailedAttempt {
+    pub node: String,
+    /// An `Outcome` name (`silent`, `failed`, `busy`...).
+    pub outcome: String,
+    pub detail: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -277,7 +292,7 @@ pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestR
     let mut sql = String::from(
         "SELECT id, started_at, finished_at, endpoint, category, origin, model, node, attempts, fallback, status, \
          http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, streamed, interrupted, \
-         client_request_id FROM requests WHERE started_at >= ?",
+         client_request_id, answered_model, failed_attempts, continued_by FROM requests WHERE started_at >= ?",
     );
     if q.node.is_some() {
         sql += " AND node = ?";
@@ -318,6 +333,12 @@ pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestR
             streamed: r.get::<i64, _>("streamed") != 0,
             interrupted: r.get::<i64, _>("interrupted") != 0,
             client_request_id: r.get("client_request_id"),
+            answered_model: r.get("answered_model"),
+            failed_attempts: r
+                .get::<Option<String>, _>("failed_attempts")
+                .and_then(|j| serde_json::from_str(&j).ok())
+                .unwrap_or_default(),
+            continued_by: r.get("continued_by"),
         })
         .collect())
 }
@@ -464,9 +485,11 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
              fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-             streamed, interrupted, client_request_id) ",
+             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by) ",
         );
         q.push_values(chunk, |mut b, row| {
+            let failed = (!row.failed_attempts.is_empty())
+                .then(|| serde_json::to_string(&row.failed_attempts).unwrap_or_default());
             b.push_bind(&row.id)
                 .push_bind(row.started_at)
                 .push_bind(row.finished_at)
@@ -487,7 +510,10 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
                 .push_bind(row.completion_tokens)
                 .push_bind(row.streamed)
                 .push_bind(row.interrupted)
-                .push_bind(&row.client_request_id);
+                .push_bind(&row.client_request_id)
+                .push_bind(&row.answered_model)
+                .push_bind(failed)
+                .push_bind(&row.continued_by);
         });
         q.push(
             " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
@@ -496,7 +522,8 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
              http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
              ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
              completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
-             client_request_id=excluded.client_request_id",
+             client_request_id=excluded.client_request_id, answered_model=excluded.answered_model, \
+             failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by",
         );
         q.build().execute(&mut **tx).await?;
     }

@@ -78,6 +78,14 @@ struct StateLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabels {
     provider: String,
+    /// The provider's model that answered.
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    node: String,
+    outcome: String,
 }
 
 fn latency_histogram() -> Histogram {
@@ -92,6 +100,7 @@ struct Metrics {
     ttfb: Family<NodeLabels, Histogram, fn() -> Histogram>,
     tokens: Family<TokenLabels, Counter>,
     fallbacks: Family<ProviderLabels, Counter>,
+    failed_attempts: Family<AttemptLabels, Counter>,
     in_flight: Family<NodeLabels, Gauge>,
     breaker_open: Family<NodeLabels, Gauge>,
     node_state: Family<StateLabels, Gauge>,
@@ -130,7 +139,17 @@ impl Metrics {
         registry.register("request_duration_seconds", "Whole request time, by node", duration.clone());
         registry.register("time_to_first_byte_seconds", "Time to the first byte of the answer, by node", ttfb.clone());
         registry.register("tokens", "Tokens by node and kind (prompt, completion)", tokens.clone());
-        registry.register("fallbacks", "Requests answered by a cloud provider", fallbacks.clone());
+        registry.register(
+            "fallbacks",
+            "Requests answered by a cloud provider, by provider and its model",
+            fallbacks.clone(),
+        );
+        let failed_attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "failed_attempts",
+            "Attempts on a node that did not answer (another node, the cloud or an error did), by outcome",
+            failed_attempts.clone(),
+        );
         registry.register("in_flight", "Requests running on a node", in_flight.clone());
         registry.register("breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open", breaker_open.clone());
         registry.register("node_state", "1 for the state each node is in", node_state.clone());
@@ -147,6 +166,7 @@ impl Metrics {
             ttfb,
             tokens,
             fallbacks,
+            failed_attempts,
             in_flight,
             breaker_open,
             node_state,
@@ -345,7 +365,11 @@ impl Telemetry {
             }
         }
         if let Some(p) = &row.fallback {
-            m.fallbacks.get_or_create(&ProviderLabels { provider: p.clone() }).inc();
+            let model = row.answered_model.clone().unwrap_or_else(|| row.model.clone());
+            m.fallbacks.get_or_create(&ProviderLabels { provider: p.clone(), model }).inc();
+        }
+        for f in &row.failed_attempts {
+            m.failed_attempts.get_or_create(&AttemptLabels { node: f.node.clone(), outcome: f.outcome.clone() }).inc();
         }
         if crate::cloud::can_fall_back(&row.endpoint) && row.status != "client_error" {
             let by_cloud = row.fallback.is_some() && row.status == "ok";

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, ndjson};
+use common::{cluster, eventually, ndjson};
 use corral::config::{CategoryConfig, CloudPermission, NodeConfig, NodeKind, ProviderConfig};
-use corral::sim::{Faults, SimNode, SimSpec};
+use corral::sim::{Faults, ScriptStep, SimNode, SimSpec};
 use corral::telemetry::Event;
 use serde_json::{json, Value};
 
@@ -98,7 +98,7 @@ async fn all_nodes_down_falls_back_streamed_in_ollamas_format() {
     let (last, tokens) = lines.split_last().expect("lines");
     assert!(tokens
         .iter()
-        .all(|l| l["done"] == false && l["model"] == "llama3.2" && l["message"]["role"] == "assistant"));
+        .all(|l| l["done"] == false && l["model"] == "gpt-4o-mini" && l["message"]["role"] == "assistant"));
     assert_eq!(last["done"], true);
     assert_eq!(last["done_reason"], "stop");
     assert_eq!(last["eval_count"].as_u64(), Some(tokens.len() as u64), "usage from the provider");
@@ -113,7 +113,7 @@ async fn all_nodes_down_falls_back_streamed_in_ollamas_format() {
     let r = c.chat("llama3.2", false).await;
     assert_eq!(r.headers()["x-corral-fallback"], "cloudsim");
     let v: Value = r.json().await.expect("json");
-    assert_eq!((v["done"].clone(), v["model"].clone()), (json!(true), json!("llama3.2")));
+    assert_eq!((v["done"].clone(), v["model"].clone()), (json!(true), json!("gpt-4o-mini")), "the model that answered");
     assert!(v["message"]["content"].as_str().is_some_and(|t| !t.is_empty()));
 
     let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})).await;
@@ -376,8 +376,20 @@ async fn a_fallback_answer_is_credited_to_the_provider_not_the_node_that_failed(
     assert_eq!(row.fallback.as_deref(), Some("cloudsim"));
     assert_eq!(row.node, None, "no node answered; the failed ones are in attempts ({})", row.attempts);
     assert!(row.attempts >= 2, "local attempts plus the provider");
+    assert_eq!(row.answered_model.as_deref(), Some("gpt-4o-mini"), "the record names the model that answered");
+    assert_eq!(row.failed_attempts.len() as i64, row.attempts - 1, "each failed attempt is listed: {row:?}");
+    for f in &row.failed_attempts {
+        assert!(f.node == "n0" || f.node == "n1", "{f:?}");
+        assert_eq!(f.outcome, "failed", "{f:?}");
+        assert!(f.detail.contains("HTTP 500"), "{f:?}");
+    }
     let metrics = c.admin(reqwest::Method::GET, "/metrics").send().await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("node=\"provider:cloudsim\""), "metrics name the provider:\n{metrics}");
+    assert!(
+        metrics.contains("corral_fallbacks_total{provider=\"cloudsim\",model=\"gpt-4o-mini\"} 1"),
+        "metrics name the provider's model:\n{metrics}"
+    );
+    assert!(metrics.contains("corral_failed_attempts_total{node=\"n0\",outcome=\"failed\"}"), "{metrics}");
 }
 
 #[tokio::test]
@@ -467,4 +479,207 @@ async fn union_listings_name_a_model_once_however_each_node_spells_it() {
     let v1: Value = c.client.get(c.url("/v1/models")).send().await.expect("models").json().await.expect("json");
     let ids: Vec<&str> = v1["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
     assert_eq!(ids.iter().filter(|id| id.starts_with("llama3.2")).count(), 1, "{ids:?}");
+}
+
+/// Faults that answer the next `steps` inference requests as scripted.
+fn scripted(steps: impl IntoIterator<Item = ScriptStep>) -> Faults {
+    Faults { script: steps.into_iter().collect(), ..Faults::default() }
+}
+
+/// Chats each provider sim received.
+fn chats(sims: &[&SimNode]) -> Vec<usize> {
+    sims.iter().map(|s| s.count("/v1/chat/completions")).collect()
+}
+
+/// A `/api/chat` with a queue timeout of `queue_ms`, timed.
+async fn timed_chat(c: &common::Cluster, queue_ms: Option<u64>) -> (reqwest::Response, Duration) {
+    let mut r = c.client.post(c.url("/api/chat")).json(&json!({
+        "model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hello"}],
+    }));
+    if let Some(ms) = queue_ms {
+        r = r.header("x-corral-queue-timeout", ms.to_string());
+    }
+    let started = tokio::time::Instant::now();
+    let answer = r.send().await.expect("answer");
+    (answer, started.elapsed())
+}
+
+#[tokio::test]
+async fn a_provider_429_goes_to_the_next_at_once_and_keeps_that_provider_out_for_its_retry_after() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    // One 429 only: were `first` asked again within its Retry-After, it would answer.
+    first.set_faults(scripted([ScriptStep::rate_limited(1, Some(3))]));
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "second", "the next provider answered");
+    assert!(took < Duration::from_millis(1500), "at once, not after the 3 s Retry-After: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 1]);
+
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.headers()["x-corral-fallback"], "second");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 2], "within its Retry-After the rate-limited provider gets nothing");
+
+    let clients = &c.broker.shared().cloud_clients;
+    assert!(clients.held_off("first").is_some_and(|left| left <= Duration::from_secs(3)), "held off, for at most 3 s");
+    assert!(eventually(Duration::from_secs(5), || clients.held_off("first").is_none()).await, "the hold-off ends");
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "back in the chain, first again, once its wait is over");
+    assert_eq!(chats(&[&first, &second]), vec![2, 2]);
+}
+
+#[tokio::test]
+async fn a_rate_limited_provider_is_waited_for_only_when_nothing_else_can_serve_and_the_wait_fits() {
+    let only = cloud_sim(|_| {}).await;
+    let c = setup(vec![provider("only", &only)]).await;
+    stop_all(&c);
+
+    // Nothing else can serve, and its 1 s fits the 30 s queue timeout: the same provider again.
+    only.set_faults(scripted([ScriptStep::rate_limited(1, Some(1))]));
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200, "answered once its Retry-After passed");
+    assert_eq!(r.headers()["x-corral-fallback"], "only");
+    assert!(took >= Duration::from_millis(900), "it waited for the Retry-After: {took:?}");
+    assert!(took < Duration::from_secs(4), "and not much longer: {took:?}");
+    assert_eq!(chats(&[&only]), vec![2]);
+
+    // A 30 s wait does not fit a 1 s queue timeout: the client hears it at once, with the wait.
+    only.set_faults(scripted([ScriptStep::rate_limited(5, Some(30))]));
+    let (r, took) = timed_chat(&c, Some(1000)).await;
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((29..=30).contains(&wait), "the provider's Retry-After reaches the client: {wait}");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_rate_limited", "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("only: HTTP 429")), "{v}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&only]), vec![3], "not asked again within its wait");
+
+    // Still held off: the next request does not reach it either.
+    let (r, _) = timed_chat(&c, Some(1000)).await;
+    assert_eq!((r.status().as_u16(), r.headers().contains_key("retry-after")), (429, true));
+    assert_eq!(chats(&[&only]), vec![3]);
+}
+
+#[tokio::test]
+async fn when_every_provider_fails_and_one_was_rate_limited_the_client_keeps_its_retry_after() {
+    let limited = cloud_sim(|_| {}).await;
+    let keyed = cloud_sim(|s| s.api_key = Some("sk-right".into())).await;
+    limited.set_faults(scripted([ScriptStep::rate_limited(5, Some(20))]));
+    let c = setup(vec![provider("limited", &limited), provider("keyed", &keyed)]).await;
+    stop_all(&c);
+    let (r, took) = timed_chat(&c, Some(2000)).await;
+    assert_eq!(r.status(), 502);
+    let wait: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((19..=20).contains(&wait), "the rate-limited provider's wait, not the default 1 s: {wait}");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("limited: HTTP 429") && msg.contains("keyed: HTTP 401"), "every provider's reason: {msg}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert_eq!(chats(&[&limited, &keyed]), vec![1, 1], "the 401 is not retried");
+}
+
+#[tokio::test]
+async fn a_content_filter_refusal_reaches_the_client_once_with_its_code_and_the_next_provider_sees_nothing() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    // `/v1`: the provider's refusal as it sent it.
+    first.set_faults(scripted([ScriptStep::content_filter(1)]));
+    let r = c
+        .post("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "whose refusal it is");
+    assert!(r.headers().get("x-corral-forwarded").is_none(), "it was forwarded");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "content_filter", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("content management policy")), "{v}");
+    assert_eq!(chats(&[&first, &second]), vec![1, 0], "once, and the next provider saw nothing");
+
+    // `/api/chat`: in Ollama's shape, status, code and Retry-After kept.
+    first.set_faults(scripted([ScriptStep { retry_after: Some(2), ..ScriptStep::content_filter(1) }]));
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "content_filter", "{v}");
+    assert!(v["error"].as_str().is_some_and(|m| m.contains("content management policy")), "{v}");
+    assert_eq!(chats(&[&first, &second]), vec![2, 0]);
+
+    // A refusal about the provider itself (its key) still moves on.
+    let keyed = cloud_sim(|s| s.api_key = Some("sk-right".into())).await;
+    let c = setup(vec![provider("keyed", &keyed), provider("second", &second)]).await;
+    stop_all(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!((r.status().as_u16(), r.headers()["x-corral-fallback"].clone()), (200, "second".parse().unwrap()));
+    assert_eq!(chats(&[&keyed, &second]), vec![1, 1]);
+}
+
+#[tokio::test]
+async fn a_500_once_is_answered_on_the_retry_and_the_next_provider_sees_nothing() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    first.set_faults(Faults::statuses(500, 1));
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-fallback"], "first", "its retry answered");
+    assert!(took < Duration::from_secs(2), "one short pause: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![2, 0]);
+}
+
+#[tokio::test]
+async fn a_provider_that_fails_twice_is_left_for_the_next_and_when_all_fail_each_is_listed() {
+    let (first, second) = (cloud_sim(|_| {}).await, cloud_sim(|_| {}).await);
+    let c = setup(vec![provider("first", &first), provider("second", &second)]).await;
+    stop_all(&c);
+
+    // A connection broken before the first byte, every time: retried once, then the next.
+    first.set_faults(Faults { cut_after: Some(0), ..Faults::default() });
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!((r.status().as_u16(), r.headers()["x-corral-fallback"].clone()), (200, "second".parse().unwrap()));
+    assert_eq!(ndjson(&r.text().await.expect("body")).last().map(|l| l["done"].clone()), Some(json!(true)));
+    assert_eq!(chats(&[&first, &second]), vec![2, 1]);
+
+    // Both keep answering 500: each tried twice, both reasons listed.
+    first.set_faults(Faults::statuses(500, 10));
+    second.set_faults(Faults::statuses(503, 10));
+    let (r, took) = timed_chat(&c, None).await;
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("first: HTTP 500") && msg.contains("second: HTTP 503"), "{msg}");
+    assert!(msg.matches("also on a retry").count() == 2, "{msg}");
+    assert!(took < Duration::from_secs(3), "two short pauses: {took:?}");
+    assert_eq!(chats(&[&first, &second]), vec![4, 3]);
+}
+
+#[tokio::test]
+async fn a_fallback_answer_names_the_provider_model_that_answered() {
+    let cloud = cloud_sim(|s| s.models.push("qwen-max".into())).await;
+    let mut p = provider("cloudsim", &cloud);
+    p.model_map.insert("llama3.2".into(), "qwen-max".into());
+    let c = setup(vec![p]).await;
+    stop_all(&c);
+
+    let v: Value = c.chat("llama3.2", false).await.json().await.expect("json");
+    assert_eq!(v["model"], "qwen-max", "/api/chat names the provider's model: {v}");
+    let lines = ndjson(&c.chat("llama3.2", true).await.text().await.expect("body"));
+    assert!(lines.iter().all(|l| l["model"] == "qwen-max"), "every streamed line: {lines:?}");
+    let r = c.post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})).await;
+    assert_eq!(r.json::<Value>().await.expect("json")["model"], "qwen-max");
+    // `/v1`: the provider's own answer, its `model` untouched.
+    let r = c
+        .post("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.json::<Value>().await.expect("json")["model"], "qwen-max");
+    assert!(cloud.received().iter().all(|r| r.model.as_deref() == Some("qwen-max")), "what it was asked for");
 }

@@ -266,3 +266,36 @@ fn the_defaults_bound_a_clients_wait_in_tens_of_seconds() {
     assert!(d.proxy.first_byte_timeout_ms <= 60_000, "{}", d.proxy.first_byte_timeout_ms);
     assert!(d.categories[0].stream_idle_timeout_ms <= 30_000);
 }
+
+#[tokio::test]
+async fn with_every_node_rate_limited_the_same_node_is_asked_again_only_after_its_retry_after() {
+    let c = cluster(1).start().await;
+    let limited = |retry_after| corral::sim::Faults {
+        script: [corral::sim::ScriptStep::rate_limited(1, Some(retry_after))].into(),
+        ..Default::default()
+    };
+    c.sims[0].set_faults(limited(1));
+    let started = tokio::time::Instant::now();
+    let r = c.chat("llama3.2", false).await;
+    let took = started.elapsed();
+    assert_eq!(r.status(), 200, "answered once its Retry-After was over");
+    assert_eq!(r.headers()["x-corral-attempts"], "2");
+    assert!(took >= std::time::Duration::from_millis(1_000), "it waited what the node asked: {took:?}");
+    assert!(took < std::time::Duration::from_millis(1_800), "{took:?}");
+    // A wait past the queue timeout is not waited: the client hears at once, with a Retry-After.
+    c.sims[0].set_faults(limited(30));
+    let started = tokio::time::Instant::now();
+    let r = c
+        .client
+        .post(c.url("/api/chat"))
+        .header("x-corral-queue-timeout", "2000")
+        .json(&json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": false}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "cluster_busy");
+    assert!(started.elapsed() < std::time::Duration::from_millis(1_000), "no pointless wait");
+    assert_eq!(c.sims[0].inference_count(), 3, "two for the first request, one for the second");
+}

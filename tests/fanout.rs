@@ -118,7 +118,7 @@ async fn a_blob_for_named_nodes_goes_to_those_only_and_a_missing_one_fails_that_
 
 fn unsupported(times: u32) -> Faults {
     Faults {
-        script: [ScriptStep { status: 500, times }].into(),
+        script: [ScriptStep::new(500, times)].into(),
         script_error: Some("image input is not supported - hint: you may need to provide the mmproj".into()),
         ..Faults::default()
     }

@@ -71,19 +71,49 @@ async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). The rows
-/// are serialized once (so the columns are `RequestRow`'s fields, in order) and each record's
-/// cells rewritten on the way out.
+/// The columns of `corral history --format csv`: `RequestRow`'s fields, in order (a test keeps
+/// the two alike).
+const COLUMNS: &[&str] = &[
+    "id",
+    "started_at",
+    "finished_at",
+    "endpoint",
+    "category",
+    "origin",
+    "model",
+    "node",
+    "attempts",
+    "fallback",
+    "status",
+    "http_status",
+    "error_code",
+    "queued_ms",
+    "ttfb_ms",
+    "total_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "streamed",
+    "interrupted",
+    "client_request_id",
+    "answered_model",
+    "failed_attempts",
+    "continued_by",
+];
+
+/// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). A list
+/// (the failed attempts) is one cell of compact JSON.
 fn write_csv(rows: &[RequestRow], out: impl std::io::Write) -> Result<(), csv::Error> {
-    let mut plain = csv::Writer::from_writer(Vec::new());
-    for r in rows {
-        plain.serialize(r)?;
-    }
-    let bytes = plain.into_inner().map_err(|e| csv::Error::from(e.into_error()))?;
-    let mut read = csv::ReaderBuilder::new().has_headers(false).from_reader(bytes.as_slice());
     let mut w = csv::Writer::from_writer(out);
-    for record in read.records() {
-        w.write_record(record?.iter().map(|c| cell(c).into_owned()))?;
+    w.write_record(COLUMNS)?;
+    for r in rows {
+        let v = serde_json::to_value(r).unwrap_or_default();
+        let text = |c: &str| match &v[c] {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(a) if a.is_empty() => String::new(),
+            other => other.to_string(),
+        };
+        w.write_record(COLUMNS.iter().map(|c| cell(&text(c)).into_owned()))?;
     }
     w.flush()?;
     Ok(())
@@ -148,5 +178,20 @@ fn truncate(s: &str, n: usize) -> String {
         s.to_string()
     } else {
         s.chars().take(n - 1).chain(std::iter::once('…')).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_csv_columns_are_the_records_fields() {
+        let v = serde_json::to_value(RequestRow::default()).expect("row");
+        let mut fields: Vec<&str> = v.as_object().expect("object").keys().map(String::as_str).collect();
+        let mut columns = COLUMNS.to_vec();
+        fields.sort_unstable();
+        columns.sort_unstable();
+        assert_eq!(columns, fields, "a field added to RequestRow needs its CSV column");
     }
 }

@@ -90,12 +90,8 @@ pub async fn forward(
     let mut failures: Vec<(String, AttemptFailed)> = Vec::new();
 
     for attempt in 1..=max_attempts {
-        if attempt > 1 {
-            if !shared.retry_budget.try_withdraw(Instant::now()) {
-                tracing::warn!(request_id = %out.request_id, "retry budget spent: not retrying");
-                break;
-            }
-            tokio::time::sleep(shared.backoff(attempt - 1)).await;
+        if attempt > 1 && !may_retry(shared, &ticket, attempt, deadline, &out.request_id).await {
+            break;
         }
         let guard = match shared.admission.admit(ticket.clone(), deadline, &shared.shutdown).await {
             Ok(g) => g,
@@ -127,6 +123,13 @@ pub async fn forward(
                 if f.outcome.is_timeout() {
                     ticket.excluded.push(Arc::clone(&node));
                 }
+                if let Some(t) = trace.as_mut() {
+                    t.row.failed_attempts.push(crate::store::FailedAttempt {
+                        node: node.name().to_string(),
+                        outcome: f.outcome.name().to_string(),
+                        detail: crate::telemetry::for_record(&f.detail),
+                    });
+                }
                 failures.push((node.name().to_string(), f));
                 // Forced past its open breaker because nothing else could answer: once.
                 if forced {
@@ -137,6 +140,29 @@ pub async fn forward(
     }
     let attempts = failures.len() as u32;
     Err((summarize(&failures, out.model.as_deref()), attempts))
+}
+
+/// Whether attempt number `attempt` may go ahead, after its backoff: the retry budget must
+/// allow it, and when every node asked not to be sent more yet (429) the same one is asked
+/// again only once its Retry-After is over, and only when that fits the queue timeout.
+async fn may_retry(shared: &Shared, ticket: &Ticket, attempt: u32, deadline: Instant, request_id: &str) -> bool {
+    if !shared.retry_budget.try_withdraw(Instant::now()) {
+        tracing::warn!(request_id, "retry budget spent: not retrying");
+        return false;
+    }
+    tokio::time::sleep(shared.backoff(attempt - 1)).await;
+    if let Some(wait) = shared.admission.held_off_for(ticket, Instant::now()) {
+        if Instant::now() + wait > deadline {
+            tracing::debug!(
+                request_id,
+                wait_ms = wait.as_millis() as u64,
+                "every node is rate-limited past the queue timeout"
+            );
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+    }
+    true
 }
 
 /// `resp` marked with the node that answered and the attempts it took.

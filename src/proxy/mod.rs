@@ -297,15 +297,21 @@ async fn serve(
     let fallback_body = body.clone();
     let may_fall_back = lifecycle.is_none() && crate::cloud::can_fall_back(&path);
     let out = outbound(state, parts, body, id, &asked, cat, may_fall_back);
+    // The fallback may wait for a rate-limited provider only within the request's queue timeout.
+    let deadline = tokio::time::Instant::now() + asked.queue_timeout;
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
         Err((local, attempts)) => match (cat, asked.model.as_deref()) {
             // A load or unload generates nothing: never a (billed) cloud call.
-            (Some(cat), Some(model))
-                if lifecycle.is_none() && crate::cloud::can_fall_back(&path) && crate::cloud::is_trigger(&local) =>
-            {
-                let req =
-                    crate::cloud::Request { path: &path, body: &fallback_body, model, category: cat, request_id: id };
+            (Some(cat), Some(model)) if may_fall_back && crate::cloud::is_trigger(&local) => {
+                let req = crate::cloud::Request {
+                    path: &path,
+                    body: &fallback_body,
+                    model,
+                    category: cat,
+                    request_id: id,
+                    deadline,
+                };
                 fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
             }
             // Any node's version will do, and with none Corral's own is the answer.
@@ -504,6 +510,7 @@ async fn fall_back(
 ) -> Result<Response, BrokerError> {
     let request_id = req.request_id.to_string();
     let (path, body) = (req.path, req.body);
+    let idle = req.category.stream_idle_timeout();
     let fb = crate::cloud::fall_back(config, &shared.cloud_clients, req, local).await?;
     // Only once a provider answered (a refused fallback must not build a tree of a huge body).
     let dropped = match path {
@@ -516,16 +523,19 @@ async fn fall_back(
         t.mark_dispatched();
         t.mark_first_byte();
         t.row.fallback = Some(fb.provider.clone());
+        t.row.answered_model = Some(fb.model.clone());
         t.row.attempts = i64::from(attempts) + 1;
         // The provider answered, not the node that failed: no node is credited with its time
         // or tokens (the failed attempts are counted in `attempts`).
         t.row.node = None;
     }
-    let idle = config.proxy.idle_timeout();
     let header = HeaderValue::from_str(&fb.provider).ok();
     let mut response = relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle);
     if let Some(v) = header {
         response.headers_mut().insert("x-corral-fallback", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&fb.model) {
+        response.headers_mut().insert("x-corral-fallback-model", v);
     }
     // Fields the provider's API has no place for, said rather than dropped silently.
     if let Some(v) = Some(dropped).filter(|d| !d.is_empty()).and_then(|d| HeaderValue::from_str(&d).ok()) {

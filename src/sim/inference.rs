@@ -462,18 +462,29 @@ impl Shared {
 
 /// Applies scripted statuses, flapping and hangs; `Some(response)` when a fault answers.
 async fn fault_gate(s: &Shared, v1: bool) -> Result<Pace, Response> {
-    let (status, pace, hang, text) = {
+    let (step, pace, hang, text) = {
         let mut f = s.faults();
-        (f.next_status(), Pace::of(&s.spec, &f), f.hang, f.script_error.clone())
+        (f.next_step(), Pace::of(&s.spec, &f), f.hang, f.script_error.clone())
     };
-    if let Some(code) = status.filter(|c| *c != 200) {
+    if let Some(step) = step.filter(|st| st.status != 200) {
+        let code = step.status;
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let msg = match text {
-            Some(t) => t,
-            None if code == 503 => BUSY.to_string(),
-            None => format!("simulated failure ({code})"),
+        let mut r = match (step.error, v1) {
+            (Some(e), true) => openai::error_with(status, &e.message, e.kind.as_deref(), e.code.as_deref()),
+            (Some(e), false) => ollama::error(status, &e.message),
+            (None, _) => {
+                let msg = match text {
+                    Some(t) => t,
+                    None if code == 503 => BUSY.to_string(),
+                    None => format!("simulated failure ({code})"),
+                };
+                error(v1, status, &msg)
+            }
         };
-        return Err(error(v1, status, &msg));
+        if let Some(secs) = step.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        return Err(r);
     }
     if hang {
         std::future::pending::<()>().await;

@@ -82,12 +82,69 @@ impl Default for SimSpec {
     }
 }
 
-/// One step of a status script: answer `times` inference requests with `status`.
+/// One step of a status script: answer `times` inference requests with `status`, optionally
+/// with a `Retry-After` header and an error of its own.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ScriptStep {
     pub status: u16,
     #[serde(default = "one")]
     pub times: u32,
+    /// Sent as `Retry-After: <seconds>` (a 429's or 503's "come back later").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+    /// The error this step answers with, instead of the default sentence: written in the
+    /// dialect of the endpoint (OpenAI's `{"error": {message, type, param, code}}` on `/v1/*`,
+    /// Ollama's `{"error": message}` natively).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepError>,
+}
+
+impl ScriptStep {
+    /// "`times` x `status`", with the default error and no `Retry-After`.
+    pub fn new(status: u16, times: u32) -> Self {
+        Self { status, times, retry_after: None, error: None }
+    }
+
+    /// A provider's content-filter refusal: 400 with OpenAI's `code: "content_filter"`.
+    pub fn content_filter(times: u32) -> Self {
+        Self {
+            error: Some(StepError {
+                message: "The response was filtered due to the prompt triggering the content management policy.".into(),
+                kind: Some("invalid_request_error".into()),
+                code: Some("content_filter".into()),
+            }),
+            ..Self::new(400, times)
+        }
+    }
+
+    /// A 429 "rate limit reached", with `Retry-After: retry_after` when given.
+    pub fn rate_limited(times: u32, retry_after: Option<u64>) -> Self {
+        Self {
+            retry_after,
+            error: Some(StepError {
+                message: "Rate limit reached for requests".into(),
+                kind: Some("rate_limit_error".into()),
+                code: Some("rate_limit_exceeded".into()),
+            }),
+            ..Self::new(429, times)
+        }
+    }
+}
+
+/// A scripted step's own error: OpenAI's `message`, `type` and `code` (on `/v1/*`); natively
+/// only the message is sent, as Ollama's errors carry nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepError {
+    pub message: String,
+    /// OpenAI's `type`; by default the one Ollama's `/v1` layer gives the status
+    /// (`invalid_request_error` for 400, `not_found_error` for 404, else `api_error`).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// OpenAI's `code` (`content_filter`, `context_length_exceeded`, ...); `null` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
 }
 
 fn one() -> u32 {
@@ -125,7 +182,7 @@ pub struct Faults {
 impl Faults {
     /// "`times` x `status` then ok".
     pub fn statuses(status: u16, times: u32) -> Self {
-        Self { script: VecDeque::from([ScriptStep { status, times }]), ..Self::default() }
+        Self { script: VecDeque::from([ScriptStep::new(status, times)]), ..Self::default() }
     }
 }
 
@@ -428,15 +485,15 @@ pub async fn start_many(n: usize, base_port: u16, spec: &SimSpec) -> std::io::Re
 }
 
 impl Faults {
-    /// Next scripted status, consuming one step.
-    fn next_status(&mut self) -> Option<u16> {
+    /// Next scripted step (with `times` left as it was), consuming one use of it.
+    fn next_step(&mut self) -> Option<ScriptStep> {
         let step = self.script.front_mut()?;
-        let status = step.status;
+        let taken = step.clone();
         step.times = step.times.saturating_sub(1);
         if step.times == 0 {
             self.script.pop_front();
         }
-        Some(status)
+        Some(taken)
     }
 }
 
@@ -472,11 +529,32 @@ mod tests {
     #[test]
     fn script_is_consumed_in_order() {
         let mut f = Faults::statuses(500, 2);
-        f.script.push_back(ScriptStep { status: 503, times: 1 });
-        assert_eq!(f.next_status(), Some(500));
-        assert_eq!(f.next_status(), Some(500));
-        assert_eq!(f.next_status(), Some(503));
-        assert_eq!(f.next_status(), None);
+        f.script.push_back(ScriptStep::rate_limited(1, Some(3)));
+        let mut status = || f.next_step().map(|s| (s.status, s.retry_after));
+        assert_eq!(status(), Some((500, None)));
+        assert_eq!(status(), Some((500, None)));
+        assert_eq!(status(), Some((429, Some(3))));
+        assert_eq!(status(), None);
+    }
+
+    #[test]
+    fn steps_parse_with_and_without_their_new_fields() {
+        let f: Faults = serde_json::from_str(r#"{"script":[{"status":500}]}"#).expect("the old shape still parses");
+        assert_eq!(f.script[0], ScriptStep::new(500, 1));
+        let f: Faults = serde_json::from_str(
+            r#"{"script":[{"status":429,"times":2,"retry_after":5},
+                {"status":400,"error":{"message":"filtered","type":"invalid_request_error","code":"content_filter"}}]}"#,
+        )
+        .expect("retry_after and error parse");
+        assert_eq!(f.script[0].retry_after, Some(5));
+        assert_eq!(f.script[1].error.as_ref().and_then(|e| e.code.as_deref()), Some("content_filter"));
+        assert!(
+            serde_json::from_str::<Faults>(r#"{"script":[{"status":500,"retry_afterr":1}]}"#).is_err(),
+            "typos in a step are rejected"
+        );
+        assert!(serde_json::from_str::<Faults>(r#"{"script":[{"status":400,"error":{"msg":"x"}}]}"#).is_err());
+        let back: Faults = serde_json::from_str(&serde_json::to_string(&f).expect("json")).expect("round trip");
+        assert_eq!(back, f, "GET /_sim/faults reads back as it was set");
     }
 
     #[test]

@@ -52,12 +52,19 @@ fn model(s: &Shared, name: &str) -> Response {
 
 /// OpenAI-shaped error, as Ollama's `/v1` middleware writes it.
 pub(super) fn error(status: StatusCode, msg: &str) -> Response {
-    let etype = match status {
+    error_with(status, msg, None, None)
+}
+
+/// OpenAI-shaped error with its `type` (by default the one Ollama's `/v1` layer gives the
+/// status) and `code` (`content_filter`, ...; `null` when `None`), as a cloud provider writes it.
+pub(super) fn error_with(status: StatusCode, msg: &str, kind: Option<&str>, code: Option<&str>) -> Response {
+    let implied = match status {
         StatusCode::BAD_REQUEST => "invalid_request_error",
         StatusCode::NOT_FOUND => "not_found_error",
         _ => "api_error",
     };
-    (status, axum::Json(json!({ "error": { "message": msg, "type": etype, "param": null, "code": null } })))
+    let etype = kind.unwrap_or(implied);
+    (status, axum::Json(json!({ "error": { "message": msg, "type": etype, "param": null, "code": code } })))
         .into_response()
 }
 

@@ -329,7 +329,8 @@ struct PartialCall {
 #[derive(Debug)]
 pub struct Reply {
     shape: Shape,
-    /// The model name the client asked for, echoed back as Ollama does.
+    /// The model name the answer carries: the one the client asked for, echoed back as Ollama
+    /// does, or the one that answered instead (a cloud provider's).
     model: String,
     sent_at: Instant,
     first_token_at: Option<Instant>,

@@ -13,7 +13,7 @@ def test_ollama_chat_falls_back(fallback):
     r = ollama.Client(host=url).chat(model="llama3.2", messages=[{"role": "user", "content": "hello"}])
     assert r.done is True and r.message.role == "assistant" and r.message.content
     assert r.eval_count and r.eval_count > 0
-    assert r.model == "llama3.2", "the client sees the model it asked for"
+    assert r.model == "gpt-4o-mini", "the answer names the provider's model that answered"
 
 
 def test_ollama_chat_stream_falls_back(fallback):
