@@ -299,3 +299,74 @@ async fn with_every_node_rate_limited_the_same_node_is_asked_again_only_after_it
     assert!(started.elapsed() < std::time::Duration::from_millis(1_000), "no pointless wait");
     assert_eq!(c.sims[0].inference_count(), 3, "two for the first request, one for the second");
 }
+
+/// The text of an NDJSON chat stream, and its last line.
+fn chat_text(lines: &[Value]) -> String {
+    lines.iter().filter_map(|l| l["message"]["content"].as_str()).collect()
+}
+
+async fn rows_of(c: &common::Cluster) -> Vec<corral::store::RequestRow> {
+    let store = c.broker.shared().telemetry.store().expect("store on").clone();
+    for _ in 0..300 {
+        let rows = store.requests(&corral::store::Query::default()).await.expect("query");
+        if !rows.is_empty() && rows.iter().all(|r| r.status != "running") {
+            return rows;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no finished record");
+}
+
+#[tokio::test]
+async fn with_continue_on_cut_a_cut_stream_is_finished_by_another_node_as_one_answer() {
+    let seed = common::long_seed(24);
+    let c = first_is_n0(2, 5_000).config(|cfg| cfg.categories[0].continue_on_cut = true).start().await;
+    let body =
+        json!({"model": "llama3.2", "messages": [{"role": "user", "content": "tell me"}], "options": {"seed": seed}});
+    // What an uncut node answers.
+    let whole =
+        reqwest::Client::new().post(format!("{}/api/chat", c.sims[1].url())).json(&body).send().await.expect("sim");
+    let whole = common::ndjson(&whole.text().await.expect("body"));
+    let (whole_text, whole_count) = (chat_text(&whole), whole.last().expect("last")["eval_count"].clone());
+    c.sims[0].set_faults(corral::sim::Faults { cut_after: Some(10), ..Default::default() });
+    let r = c.post("/api/chat", body).await;
+    assert_eq!(r.headers()["x-corral-node"], "n0");
+    let lines = common::ndjson(&r.text().await.expect("body"));
+    let last = lines.last().expect("lines");
+    assert_eq!(last["done"], true, "one answer, ending in done:true: {lines:?}");
+    assert_eq!(lines.iter().filter(|l| l["done"] == true).count(), 1);
+    assert!(lines.iter().all(|l| l.get("error").is_none()), "no error line: {lines:?}");
+    assert_eq!(chat_text(&lines), whole_text, "the two parts are the answer an uncut node gives");
+    assert_eq!(last["eval_count"], whole_count, "the count covers both parts");
+    assert_eq!(c.sims[1].inference_count(), 2, "n1 continued it (after answering it whole for the comparison)");
+    let rows = rows_of(&c).await;
+    let row = rows.iter().find(|r| r.endpoint == "/api/chat").expect("row");
+    assert_eq!((row.node.as_deref(), row.continued_by.as_deref()), (Some("n0"), Some("n1")), "{row:?}");
+    assert_eq!(row.status, "ok");
+}
+
+#[tokio::test]
+async fn a_continuation_the_next_upstream_refuses_ends_with_the_error_line() {
+    let strict =
+        SimNode::start(SimSpec { cloud: true, refuse_prefill: true, ..SimSpec::default() }).await.expect("sim");
+    let url = strict.url();
+    let c = first_is_n0(1, 5_000)
+        .config(move |cfg| {
+            cfg.categories[0].continue_on_cut = true;
+            cfg.nodes.push(NodeConfig { name: "strict".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() });
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    c.sims[0].set_faults(corral::sim::Faults { cut_after: Some(5), ..Default::default() });
+    let seed = common::long_seed(24);
+    let r = c
+        .post("/api/chat", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "tell me"}], "options": {"seed": seed}}))
+        .await;
+    let lines = common::ndjson(&r.text().await.expect("body"));
+    let last = lines.last().expect("lines");
+    assert_eq!(last["code"], "stream_interrupted", "{lines:?}");
+    assert!(last["error"].as_str().unwrap_or_default().contains("no other node continued it"), "{last}");
+    assert!(lines.iter().all(|l| l["done"] != true), "never a fake done: {lines:?}");
+    assert_eq!(strict.inference_count(), 1, "the prefill was asked of the other node, which refused it");
+}

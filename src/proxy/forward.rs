@@ -22,10 +22,11 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use tokio::time::Instant;
 
 use super::relay::{self, Source};
+use super::resume::{self, Resume};
 use crate::admit::Ticket;
 use crate::config::{Config, Origin};
 use crate::error::BrokerError;
-use crate::node::InFlight;
+use crate::node::{InFlight, Node};
 use crate::outcome::Outcome;
 use crate::state::Shared;
 use crate::telemetry::Trace;
@@ -63,7 +64,7 @@ struct AttemptFailed {
 
 /// Send `out` to the cluster; the response carries `X-Corral-Node` and `X-Corral-Attempts`.
 pub async fn forward(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     out: Outbound,
     trace: &mut Option<Trace>,
 ) -> Result<Response, (BrokerError, u32)> {
@@ -75,17 +76,7 @@ pub async fn forward(
         return Err((BrokerError::UnknownCategory { name: out.category.clone(), known: String::new() }, 0));
     };
     shared.retry_budget.deposit(started);
-    let mut ticket = Ticket {
-        model: out.model.clone(),
-        session: out.session.clone(),
-        tried: Vec::new(),
-        router,
-        priority: out.priority,
-        origin: out.origin,
-        body_bytes: out.body.len(),
-        excluded: Vec::new(),
-        has_alternative: out.has_alternative,
-    };
+    let mut ticket = ticket_for(&out, router);
     let idle = config.category(&out.category).map_or(config.proxy.idle_timeout(), |c| c.stream_idle_timeout());
     let mut failures: Vec<(String, AttemptFailed)> = Vec::new();
 
@@ -112,7 +103,8 @@ pub async fn forward(
                 if let Some(t) = trace.as_mut() {
                     t.mark_first_byte();
                 }
-                let resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle);
+                let resume = continues(shared, &config, &out, &answer, &node);
+                let resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle, resume);
                 return Ok(labelled(resp, node.name(), attempt));
             }
             Ok(Attempt::Whole(resp)) => return Ok(labelled(resp, node.name(), attempt)),
@@ -163,6 +155,64 @@ async fn may_retry(shared: &Shared, ticket: &Ticket, attempt: u32, deadline: Ins
         tokio::time::sleep(wait).await;
     }
     true
+}
+
+/// For a chat stream in a category with `continue_on_cut`: how another node would continue it
+/// if it broke (`resume`).
+fn continues(
+    shared: &Arc<Shared>,
+    config: &Config,
+    out: &Outbound,
+    answer: &Answer,
+    node: &Arc<Node>,
+) -> Option<Resume> {
+    let on = config.category(&out.category).is_some_and(|c| c.continue_on_cut);
+    let chat = out.path_and_query.split('?').next() == Some("/api/chat") && out.stream != Some(false);
+    if !(on && chat && answer.status == StatusCode::OK) {
+        return None;
+    }
+    let (shared, out, broke) = (Arc::clone(shared), out.clone(), Arc::clone(node));
+    Some(Resume::new(Box::new(move |said| Box::pin(continuation(shared, out, broke, said)))))
+}
+
+/// Another node's continuation of `out`'s answer, of which the client has `said`: the same
+/// request with `said` as a trailing assistant message, on any node but the one that broke.
+async fn continuation(
+    shared: Arc<Shared>,
+    out: Outbound,
+    broke: Arc<Node>,
+    said: String,
+) -> Result<(Answer, InFlight), String> {
+    let body = resume::prefilled(&out.body, &said).ok_or("the request cannot carry a partial answer")?;
+    let out = Outbound { body, stream: Some(true), ..out };
+    let config = shared.config();
+    let router = shared.router(&out.category).ok_or("its category is gone")?;
+    let mut ticket = ticket_for(&out, router);
+    ticket.tried.push(Arc::clone(&broke));
+    ticket.excluded.push(broke);
+    let deadline = Instant::now() + out.queue_timeout;
+    let guard = shared.admission.admit(ticket, deadline, &shared.shutdown).await.map_err(|e| e.to_string())?;
+    let node = guard.node().name().to_string();
+    match attempt_once(&shared, &config, guard, &out).await {
+        Ok(Attempt::Relay(answer, guard)) if answer.status.is_success() => Ok((answer, guard)),
+        Ok(Attempt::Relay(answer, _)) => Err(format!("{node} answered HTTP {}", answer.status.as_u16())),
+        Ok(Attempt::Whole(resp)) => Err(format!("{node} refused it (HTTP {})", resp.status().as_u16())),
+        Err(f) => Err(format!("{node}: {}", f.detail)),
+    }
+}
+
+fn ticket_for(out: &Outbound, router: Arc<crate::route::Router>) -> Ticket {
+    Ticket {
+        model: out.model.clone(),
+        session: out.session.clone(),
+        tried: Vec::new(),
+        router,
+        priority: out.priority,
+        origin: out.origin,
+        body_bytes: out.body.len(),
+        excluded: Vec::new(),
+        has_alternative: out.has_alternative,
+    }
 }
 
 /// `resp` marked with the node that answered and the attempts it took.

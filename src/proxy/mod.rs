@@ -18,6 +18,7 @@ mod fanout;
 mod forward;
 mod peek;
 mod relay;
+mod resume;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -530,7 +531,8 @@ async fn fall_back(
         t.row.node = None;
     }
     let header = HeaderValue::from_str(&fb.provider).ok();
-    let mut response = relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle);
+    let mut response =
+        relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle, None);
     if let Some(v) = header {
         response.headers_mut().insert("x-corral-fallback", v);
     }

@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
+use super::resume::Resume;
 use crate::node::InFlight;
 use crate::outcome::Outcome;
 use crate::telemetry::{status_for, Trace};
@@ -38,9 +39,13 @@ pub(crate) fn respond(
     trace: Option<Trace>,
     request_id: &str,
     idle: Duration,
+    resume: Option<Resume>,
 ) -> Response {
     let framing = Framing::of(&answer.headers);
+    // Only a stream of lines can be continued.
+    let resume = resume.filter(|_| framing == Framing::Ndjson);
     let relay = Relay {
+        resume,
         upstream: answer.body,
         first: answer.first,
         source: Some(source),
@@ -112,47 +117,96 @@ struct Relay {
     done: bool,
     request_id: String,
     bytes: usize,
+    /// Set for an answer that another node may continue if it breaks (`continue_on_cut`).
+    resume: Option<Resume>,
 }
 
 impl Relay {
     async fn next(mut self) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
-        if self.done {
-            return None;
-        }
-        if let Some(first) = self.first.take() {
-            let chunk = self.coalesce(first);
-            return Some((Ok(self.pass(chunk)), self));
-        }
-        let next = match self.stashed.take() {
-            Some(item) => Ok(item),
-            None => {
-                let deadline = Instant::now() + self.idle;
-                self.silence.as_mut().reset(deadline);
-                tokio::select! {
-                    biased;
-                    item = self.upstream.next() => Ok(item),
-                    _ = self.silence.as_mut() => Err(()),
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(first) = self.first.take() {
+                let chunk = self.coalesce(first);
+                match self.pass(chunk) {
+                    c if c.is_empty() => continue,
+                    c => return Some((Ok(c), self)),
                 }
             }
-        };
-        match next {
-            Ok(Some(Ok(chunk))) => {
-                let chunk = self.coalesce(chunk);
-                Some((Ok(self.pass(chunk)), self))
-            }
-            Ok(None) => {
-                self.finish(Outcome::Success, "");
-                None
-            }
-            Ok(Some(Err(e))) => {
-                let why = format!("the answer stopped mid-stream ({e})");
-                self.fail(Outcome::StreamCut, why, "stream_interrupted")
-            }
-            Err(_) => {
-                let why = format!("node sent nothing for {} ms mid-stream", self.idle.as_millis());
-                self.fail(Outcome::TimedOut, why, "stream_idle_timeout")
+            let next = match self.stashed.take() {
+                Some(item) => Ok(item),
+                None => {
+                    let deadline = Instant::now() + self.idle;
+                    self.silence.as_mut().reset(deadline);
+                    tokio::select! {
+                        biased;
+                        item = self.upstream.next() => Ok(item),
+                        _ = self.silence.as_mut() => Err(()),
+                    }
+                }
+            };
+            let (outcome, why, code) = match next {
+                Ok(Some(Ok(chunk))) => {
+                    let chunk = self.coalesce(chunk);
+                    match self.pass(chunk) {
+                        c if c.is_empty() => continue,
+                        c => return Some((Ok(c), self)),
+                    }
+                }
+                Ok(None) => {
+                    // A last line with no newline, held back while a continuation was possible.
+                    let rest = self.resume.as_mut().map(Resume::rest).filter(|r| !r.is_empty());
+                    if let Some(rest) = rest {
+                        self.stashed = Some(None);
+                        return Some((Ok(rest), self));
+                    }
+                    self.finish(Outcome::Success, "");
+                    return None;
+                }
+                Ok(Some(Err(e))) => {
+                    (Outcome::StreamCut, format!("the answer stopped mid-stream ({e})"), "stream_interrupted")
+                }
+                Err(_) => (
+                    Outcome::TimedOut,
+                    format!("node sent nothing for {} ms mid-stream", self.idle.as_millis()),
+                    "stream_idle_timeout",
+                ),
+            };
+            match self.resume.as_ref().is_some_and(Resume::can_continue) {
+                true => match self.continue_elsewhere(outcome, &why).await {
+                    Ok(()) => continue,
+                    Err(refused) => return self.fail(outcome, format!("{why}; {refused}"), code),
+                },
+                false => return self.fail(outcome, why, code),
             }
         }
+    }
+
+    /// The answer broke with `outcome`: judge the node that broke it, and carry on with another
+    /// node's continuation, or say why there is none.
+    async fn continue_elsewhere(&mut self, outcome: Outcome, why: &str) -> Result<(), String> {
+        let Some(resume) = self.resume.as_mut() else { return Err("no continuation".into()) };
+        // The node that broke is judged now; its slot is held until the answer has moved on.
+        let broke = match self.source.as_mut() {
+            Some(Source::Node(g)) => {
+                g.judge(outcome);
+                g.node().name().to_string()
+            }
+            Some(Source::Provider(p)) => p.clone(),
+            None => String::new(),
+        };
+        let (answer, guard) = resume.ask().await.map_err(|e| format!("no other node continued it ({e})"))?;
+        let by = guard.node().name().to_string();
+        tracing::warn!(request_id = %self.request_id, broke = %broke, continued_by = %by, why, "answer continued on another node");
+        if let Some(t) = self.trace.as_mut() {
+            t.row.continued_by = Some(by);
+        }
+        self.source = Some(Source::Node(guard));
+        self.upstream = answer.body;
+        self.first = answer.first;
+        self.stashed = None;
+        Ok(())
     }
 
     /// Join `chunk` with whatever the node has already sent after it (never waiting), so a
@@ -181,6 +235,10 @@ impl Relay {
     }
 
     fn pass(&mut self, chunk: Bytes) -> Bytes {
+        let chunk = match self.resume.as_mut() {
+            Some(r) => r.lines(chunk),
+            None => chunk,
+        };
         if let Some(&last) = chunk.last() {
             self.ends_with_newline = last == b'\n';
         }

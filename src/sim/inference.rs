@@ -189,7 +189,11 @@ impl Answer {
         } else if s.spec.echo {
             text::Completion { tokens: echo_tokens(&last_user_text(kind, req)), done_reason: "stop" }
         } else {
-            text::complete(seed, num_predict)
+            let full = text::complete(seed, num_predict);
+            match prefill(kind, req) {
+                Some(had) => continued(full, &had),
+                None => full,
+            }
         };
         let include_usage =
             req.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool).unwrap_or(false);
@@ -371,13 +375,48 @@ fn echo_tokens(text: &str) -> Vec<String> {
     chars.chunks(3).map(|c| c.iter().collect()).collect()
 }
 
-/// Text of the prompt, for seeding and counting.
+/// The text of a trailing assistant message (a prefill), which Ollama continues.
+fn prefill(kind: Kind, req: &Value) -> Option<String> {
+    if !matches!(kind, Kind::Chat | Kind::V1Chat) {
+        return None;
+    }
+    let last = req.get("messages")?.as_array()?.last()?;
+    (last.get("role")?.as_str()? == "assistant").then(|| last.get("content")?.as_str().map(str::to_string))?
+}
+
+/// Whether a chat body ends with an assistant message.
+pub(super) fn ends_with_assistant(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).ok().is_some_and(|v| prefill(Kind::Chat, &v).is_some())
+}
+
+/// `full` without the tokens the prefill `had` already: the answer goes on from there, so a
+/// continued answer joined to its first part is the answer an uncut node gives.
+fn continued(full: text::Completion, had: &str) -> text::Completion {
+    let mut said = String::new();
+    let mut skip = 0;
+    for tok in &full.tokens {
+        if had.starts_with(&format!("{said}{tok}")) {
+            said.push_str(tok);
+            skip += 1;
+        } else {
+            break;
+        }
+    }
+    text::Completion { tokens: full.tokens[skip..].to_vec(), done_reason: full.done_reason }
+}
+
+/// Text of the prompt, for seeding and counting. A trailing assistant message is the answer
+/// being continued, not part of the prompt.
 fn prompt_text(kind: Kind, req: &Value) -> String {
     match kind {
         Kind::Chat | Kind::V1Chat => req
             .get("messages")
             .and_then(Value::as_array)
             .map(|msgs| {
+                let msgs = match prefill(kind, req) {
+                    Some(_) => &msgs[..msgs.len() - 1],
+                    None => &msgs[..],
+                };
                 msgs.iter()
                     .filter_map(|m| match m.get("content") {
                         Some(Value::String(s)) => Some(s.clone()),

@@ -62,6 +62,10 @@ pub struct SimSpec {
     /// fails as Ollama's does for a name the registry lacks ("pull model manifest: file does
     /// not exist").
     pub registry: Option<Vec<String>>,
+    /// Refuse a chat whose last message is the assistant's (a prefill), as llama.cpp's server
+    /// does with thinking on: `/v1/chat/completions` answers 400. Off: a prefill is continued,
+    /// as Ollama continues it.
+    pub refuse_prefill: bool,
 }
 
 impl Default for SimSpec {
@@ -78,6 +82,7 @@ impl Default for SimSpec {
             api_key: None,
             echo: false,
             registry: None,
+            refuse_prefill: false,
         }
     }
 }

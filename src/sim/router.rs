@@ -87,6 +87,14 @@ fn refuse(s: &Shared, headers: &HeaderMap, call: &Incoming) -> Option<Response> 
     if s.spec.cloud && !path.starts_with("/v1/") && !path.starts_with("/_sim") {
         return Some(openai::error(StatusCode::NOT_FOUND, &format!("Invalid URL ({method} {path})")));
     }
+    if s.spec.refuse_prefill && path == "/v1/chat/completions" && super::inference::ends_with_assistant(&call.body) {
+        return Some(openai::error_with(
+            StatusCode::BAD_REQUEST,
+            "Assistant response prefill is incompatible with enable_thinking.",
+            Some("invalid_request_error"),
+            None,
+        ));
+    }
     if let (Some(key), true) = (&s.spec.api_key, path.starts_with("/v1/")) {
         let sent = headers.get("authorization").and_then(|v| v.to_str().ok());
         if sent != Some(format!("Bearer {key}").as_str()) {

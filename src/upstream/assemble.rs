@@ -303,6 +303,15 @@ impl Assembler {
     }
 }
 
+/// `line` (one JSON object) with `n` added to its whole-number field `key`, order and every
+/// other byte of meaning kept; `None` when it has no such field.
+pub fn add_to_field(line: &[u8], key: &str, n: i64) -> Option<Vec<u8>> {
+    let mut fields = Ordered::parse(line).ok()?;
+    let now: i64 = fields.get(key)?.trim().parse().ok()?;
+    fields.set(key, Some((now + n).to_string()), &[]);
+    Some(fields.to_json().into_bytes())
+}
+
 /// A JSON object's fields in their order, each value as its raw JSON text.
 #[derive(Debug)]
 struct Ordered(Vec<(String, String)>);
@@ -475,6 +484,16 @@ mod tests {
             &streamed_body(tricky).expect("rewritten")[..],
             br#"{"prompt":"say \"stream\":false","stream":true}"#
         );
+    }
+
+    #[test]
+    fn a_count_is_added_to_in_place() {
+        let line = br#"{"done":true,"eval_count":20,"eval_duration":5}"#;
+        assert_eq!(
+            add_to_field(line, "eval_count", 40).expect("count"),
+            br#"{"done":true,"eval_count":60,"eval_duration":5}"#
+        );
+        assert!(add_to_field(br#"{"done":true}"#, "eval_count", 1).is_none());
     }
 
     #[test]
