@@ -83,6 +83,28 @@ test("a rule edit changes routing, and a bad one points at the field and changes
   await page.close();
 });
 
+test("failover rules are edited in place and rules the editor does not show survive an apply", async () => {
+  const cats = await c.adminApi("GET", "/admin/categories");
+  cats[0].redact_max_bytes = 4096;
+  await c.adminApi("PUT", "/admin/categories", cats);
+  const page = await open(b, c, "rules");
+  const row = "tr[data-category=default]";
+  await page.fill(`${row} input[aria-label="first token timeout"]`, "5000");
+  await page.check(`${row} input[aria-label="continue on cut"]`);
+  await page.click("[data-testid=apply-rules]");
+  await page.waitForSelector(".good");
+  const after = (await c.adminApi("GET", "/admin/categories"))[0];
+  assert.equal(after.first_token_timeout_ms, 5000);
+  assert.equal(after.continue_on_cut, true);
+  assert.equal(after.stream_idle_timeout_ms, 30000);
+  assert.equal(after.redact_max_bytes, 4096, "a rule the editor does not show is kept");
+  await page.fill(`${row} input[aria-label="stream idle timeout"]`, "5");
+  await page.click("[data-testid=apply-rules]");
+  await page.waitForSelector(`${row} .field-msg`);
+  assert.match(await page.textContent(`${row} .field-msg`), /at least 100/);
+  await page.close();
+});
+
 test("export then import round-trips, with a preview of what changes", async () => {
   const page = await open(b, c, "share");
   const [download] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=export]")]);

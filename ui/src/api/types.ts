@@ -96,6 +96,14 @@ export interface Category {
   affinity: boolean;
   /** For `policy = "priority"`: node names, most preferred first. */
   order: string[];
+  /** 0: off; else a node with no first token by then is given up on (nothing sent yet). */
+  first_token_timeout_ms: number;
+  /** Longest silence mid-stream before the stream ends with the error line. */
+  stream_idle_timeout_ms: number;
+  /** A broken stream is continued on another node as one answer. */
+  continue_on_cut: boolean;
+  /** With `redact`: most text one request may have redacted. */
+  redact_max_bytes?: number;
 }
 
 // ---- providers and secrets (src/config.rs ProviderConfig, admin.rs list_providers) ----
