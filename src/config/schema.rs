@@ -318,9 +318,9 @@ pub struct ProxyConfig {
     /// does not grow with the answer's length. A node silent this long is taken out at once.
     /// It includes a cold model load: raise it for models that take longer to load.
     pub first_byte_timeout_ms: u64,
-    /// Longest silence between two chunks of an answer outside any category's rule (model
-    /// operations' progress streams); inference streams follow their category's
-    /// `stream_idle_timeout_ms`.
+    /// Superseded by each category's `stream_idle_timeout_ms`, which every forwarded answer
+    /// follows; still read so that older files load, and used only if a request's category
+    /// vanished mid-flight.
     pub idle_timeout_ms: u64,
     /// How long `serve` lets in-flight requests finish after SIGINT/SIGTERM.
     pub drain_timeout_ms: u64,
