@@ -373,7 +373,7 @@ async fn a_fallback_answer_is_credited_to_the_provider_not_the_node_that_failed(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     let row = rows.iter().find(|r| r.status == "ok").expect("the fallback's row");
-    assert_eq!(row.fallback.as_deref(), Some("cloudsim"));
+    assert_eq!(row.fallback.as_deref(), Some("cloudsim"), "{rows:#?}");
     assert_eq!(row.node, None, "no node answered; the failed ones are in attempts ({})", row.attempts);
     assert!(row.attempts >= 2, "local attempts plus the provider");
     assert_eq!(row.answered_model.as_deref(), Some("gpt-4o-mini"), "the record names the model that answered");

@@ -370,3 +370,77 @@ async fn a_continuation_the_next_upstream_refuses_ends_with_the_error_line() {
     assert!(lines.iter().all(|l| l["done"] != true), "never a fake done: {lines:?}");
     assert_eq!(strict.inference_count(), 1, "the prefill was asked of the other node, which refused it");
 }
+
+#[tokio::test]
+async fn a_non_streamed_v1_chat_is_assembled_from_the_nodes_sse_as_ollama_writes_it() {
+    let c = cluster(1).start().await;
+    let direct = reqwest::Client::new();
+    let cases = [
+        json!({"model": "llama3.2", "messages": [{"role": "user", "content": "a <b> & c"}], "seed": 21}),
+        json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hm"}], "stream": false, "reasoning_effort": "low", "seed": 22, "max_tokens": 7}),
+        json!({"model": "llama3.2", "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}),
+    ];
+    // Loaded first, so both answers below are warm.
+    direct.post(format!("{}/v1/chat/completions", c.sims[0].url())).json(&cases[0]).send().await.expect("sim");
+    for body in cases {
+        let own =
+            direct.post(format!("{}/v1/chat/completions", c.sims[0].url())).json(&body).send().await.expect("sim");
+        let own_type = own.headers()["content-type"].clone();
+        let mut own: Value = own.json().await.expect("json");
+        let via = c.post("/v1/chat/completions", body.clone()).await;
+        assert_eq!(via.status(), 200);
+        assert_eq!(via.headers()["content-type"], own_type);
+        let mut via: Value = via.json().await.expect("json");
+        // Made afresh for every answer by Ollama too.
+        for v in [&mut own, &mut via] {
+            v["id"] = json!("<id>");
+            v["created"] = json!(0);
+            for call in v["choices"][0]["message"]["tool_calls"].as_array_mut().into_iter().flatten() {
+                call["id"] = json!("<id>");
+            }
+        }
+        assert_eq!(via, own, "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_slow_first_token_moves_a_non_streamed_v1_chat_to_another_node() {
+    let c = cluster(2)
+        .config(|cfg| {
+            cfg.categories[0].first_token_timeout_ms = 300;
+            cfg.categories[0].policy = corral::config::Policy::Priority;
+        })
+        .start()
+        .await;
+    c.sims[0].set_faults(corral::sim::Faults { ttft_ms: Some(3_000), ..Default::default() });
+    let started = tokio::time::Instant::now();
+    let r = c
+        .post("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-node"], "n1");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["object"], "chat.completion");
+    assert!(started.elapsed() < std::time::Duration::from_millis(2_000));
+}
+
+#[tokio::test]
+async fn a_long_one_json_answer_whose_first_token_cannot_be_seen_is_not_a_silent_node() {
+    // An OpenAI-compatible node answering `/v1` in one JSON: its first byte is its last.
+    let node = SimNode::start(SimSpec { cloud: true, ..SimSpec::default() }).await.expect("sim");
+    node.set_faults(corral::sim::Faults { token_delay_ms: Some(60), ..Default::default() });
+    let url = node.url();
+    let c = cluster(0)
+        .config(move |cfg| {
+            cfg.proxy.first_byte_timeout_ms = 300;
+            cfg.nodes = vec![NodeConfig { name: "llama".into(), url, kind: NodeKind::Openai, ..NodeConfig::default() }];
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    let body = json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12});
+    let r = c.post("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 200, "12 tokens at 60 ms take longer than one first-byte timeout, and are waited for");
+    assert_eq!(c.node(0).breaker_state(), corral::breaker::BreakerState::Closed);
+}

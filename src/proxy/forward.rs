@@ -307,7 +307,8 @@ async fn attempt_once(
     };
     let (request, assembled) = prepare(shared, out, &up, plan.as_ref());
     let category = config.category(&out.category);
-    let (first_byte, late) = first_token_deadline(config, category);
+    let whole = generates(&out.path_and_query) && assembled.is_none() && !streams(&out.path_and_query, out.stream);
+    let (first_byte, late) = first_token_deadline(config, category, whole);
     let timed = |e: SendError| {
         let outcome = if e.outcome() == Outcome::Silent { late } else { e.outcome() };
         (outcome, e.to_string())
@@ -333,7 +334,7 @@ async fn attempt_once(
     };
     node.observe_ttfb(answer.sent_at.elapsed());
     match assembled {
-        Some(api) if answer.status == StatusCode::OK && is_ndjson(&answer.headers) => {
+        Some(api) if answer.status == StatusCode::OK && is_stream(&answer.headers) => {
             let idle = category.map_or(config.proxy.idle_timeout(), |c| c.stream_idle_timeout());
             assembled_attempt(guard, answer, api, idle).await
         }
@@ -350,10 +351,9 @@ fn prepare(
     up: &Upstream,
     plan: Option<&Plan>,
 ) -> (reqwest::RequestBuilder, Option<assemble::Api>) {
-    let assembled = (plan.is_none() && out.stream == Some(false))
-        .then(|| assemble::Api::of(&out.path_and_query))
-        .flatten()
-        .and_then(|api| assemble::streamed_body(&out.body).map(|b| (api, b)));
+    let assembled = assemble::Api::of(&out.path_and_query)
+        .filter(|api| plan.is_none() && one_json(*api, out.stream))
+        .and_then(|api| api.streamed_body(&out.body).map(|b| (api, b)));
     let (url, body) = match (plan, &assembled) {
         (Some(p), _) => (p.url.clone(), p.body.clone()),
         (None, Some((_, streamed))) => (up.url(&out.path_and_query), streamed.clone()),
@@ -370,11 +370,39 @@ fn prepare(
     (request, assembled.map(|(api, _)| api))
 }
 
+/// Whether `path` generates text (its first byte can be long in coming).
+fn generates(path: &str) -> bool {
+    matches!(
+        path.split('?').next().unwrap_or(path),
+        "/api/chat" | "/api/generate" | "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+    )
+}
+
+/// Whether the answer to `path` streams, given the body's `stream` (Ollama's API streams
+/// unless told not to, `/v1` only when asked).
+fn streams(path: &str, stream: Option<bool>) -> bool {
+    stream.unwrap_or_else(|| path.starts_with("/api/"))
+}
+
+/// Longest wait for a generated answer that comes as one JSON Corral could not ask as a stream
+/// (an OpenAI-compatible node's, `/v1/completions`...), in first-byte timeouts: its first byte
+/// is its last, so it is bounded as a whole answer, as before first-token deadlines existed.
+const WHOLE_ANSWER_TIMEOUTS: u32 = 5;
+
 /// How long a node has for its first byte, and what missing it means: past the category's
 /// tighter first-token deadline the node is too slow for this request (`Slow`); past the
-/// proxy's first-byte timeout it is silent (`Silent`, which takes it out).
-fn first_token_deadline(config: &Config, category: Option<&crate::config::CategoryConfig>) -> (Duration, Outcome) {
+/// proxy's first-byte timeout it is silent (`Silent`, which takes it out). A `whole` answer
+/// (one JSON whose first token cannot be seen) gets `WHOLE_ANSWER_TIMEOUTS` first-byte timeouts
+/// and is an ordinary failure when it takes longer: a long answer is not a silent node.
+fn first_token_deadline(
+    config: &Config,
+    category: Option<&crate::config::CategoryConfig>,
+    whole: bool,
+) -> (Duration, Outcome) {
     let global = config.proxy.first_byte_timeout();
+    if whole {
+        return (global * WHOLE_ANSWER_TIMEOUTS, Outcome::TimedOut);
+    }
     match category.and_then(|c| c.first_token_timeout()).filter(|d| *d < global) {
         Some(d) => (d, Outcome::Slow),
         None => (global, Outcome::Silent),
@@ -444,11 +472,22 @@ async fn assembled_attempt(
     }
 }
 
-fn is_ndjson(headers: &HeaderMap) -> bool {
+/// Whether a request to `api` with the body's `stream` wants one JSON (Ollama's own API
+/// streams unless told not to; `/v1` only when asked).
+fn one_json(api: assemble::Api, stream: Option<bool>) -> bool {
+    match api {
+        assemble::Api::V1Chat => stream != Some(true),
+        _ => stream == Some(false),
+    }
+}
+
+/// Whether an answer is the stream asked for, to be assembled (an error or a bare load comes
+/// as one JSON already).
+fn is_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-ndjson"))
+        .is_some_and(|v| v.starts_with("application/x-ndjson") || v.starts_with("text/event-stream"))
 }
 
 /// The whole of a streamed answer made into the one JSON the client asked for; nothing has
@@ -457,7 +496,7 @@ async fn assemble_answer(answer: Answer, api: assemble::Api, idle: Duration) -> 
     let (status, sent_at) = (answer.status, answer.sent_at);
     let mut headers = answer.headers.clone();
     let body = assemble::collect(answer, api, idle).await?;
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(api.content_type()));
     let rest: upstream::BodyStream = Box::pin(futures_util::stream::empty());
     Ok(Answer { status, headers, first: Some(body), body: rest, sent_at })
 }

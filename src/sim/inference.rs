@@ -142,7 +142,11 @@ async fn whole(s: Arc<Shared>, answer: &Answer, running: Running) -> Response {
     if !pace.per_token.is_zero() {
         tokio::time::sleep(pace.per_token * answer.completion.tokens.len() as u32).await;
     }
-    let whole = Bytes::from(answer.whole().to_string());
+    // Ollama writes its own API with gin's `c.JSON`, its OpenAI layer with `json.Encoder`
+    // (a newline after, and no charset in the type).
+    let v1 = matches!(answer.kind, Kind::V1Chat | Kind::V1Completion);
+    let (content_type, end) = if v1 { ("application/json", "\n") } else { ("application/json; charset=utf-8", "") };
+    let whole = Bytes::from(answer.whole().to_string() + end);
     let chunks: VecDeque<Chunk> = match pace.cut_after {
         // A cut in a non-streamed answer breaks the body in the middle.
         Some(_) => VecDeque::from([Chunk::Raw(whole.slice(..whole.len() / 2)), Chunk::Raw(Bytes::new())]),
@@ -157,7 +161,7 @@ async fn whole(s: Arc<Shared>, answer: &Answer, running: Running) -> Response {
         _running: running,
     };
     let mut r = Response::new(Body::from_stream(futures_util::stream::unfold(gen, Gen::next)));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json; charset=utf-8"));
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 

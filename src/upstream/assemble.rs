@@ -30,6 +30,8 @@ const MAX_STREAM_BYTES: usize = 64 * 1024 * 1024;
 pub enum Api {
     Chat,
     Generate,
+    /// `/v1/chat/completions`: Ollama's OpenAI layer, streamed as SSE.
+    V1Chat,
 }
 
 impl Api {
@@ -37,9 +39,54 @@ impl Api {
         match path.split('?').next().unwrap_or(path) {
             "/api/chat" => Some(Self::Chat),
             "/api/generate" => Some(Self::Generate),
+            "/v1/chat/completions" => Some(Self::V1Chat),
             _ => None,
         }
     }
+
+    /// The request body asking for a stream instead of one JSON (`/v1` also asks for the usage
+    /// event, which the one JSON carries).
+    pub fn streamed_body(self, body: &[u8]) -> Option<Bytes> {
+        match self {
+            Self::Chat | Self::Generate => streamed_body(body),
+            Self::V1Chat => streamed_v1_body(body),
+        }
+    }
+
+    /// The content type of the one JSON, as Ollama sends it.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Chat | Self::Generate => "application/json; charset=utf-8",
+            Self::V1Chat => "application/json",
+        }
+    }
+}
+
+/// A `/v1` body (not asking for a stream) asking for one, with its usage event.
+fn streamed_v1_body(body: &[u8]) -> Option<Bytes> {
+    const STREAMED: &[u8] = br#"true,"stream_options":{"include_usage":true}"#;
+    if top_level_value(body, b"stream_options").is_none() {
+        match top_level_value(body, b"stream") {
+            Some((start, end)) if &body[start..end] == b"false" => {
+                return Some(Bytes::from([&body[..start], STREAMED, &body[end..]].concat()));
+            }
+            None => {
+                let open = body.iter().position(|&b| b == b'{')?;
+                let rest = &body[open + 1..];
+                let empty = rest.iter().all(|b| b.is_ascii_whitespace() || *b == b'}');
+                let sep: &[u8] = if empty { b"" } else { b"," };
+                return Some(Bytes::from([&body[..=open], br#""stream":"#, STREAMED, sep, rest].concat()));
+            }
+            Some(_) => {}
+        }
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if v.get("stream").and_then(serde_json::Value::as_bool) == Some(true) {
+        return None;
+    }
+    v["stream"] = serde_json::Value::Bool(true);
+    v["stream_options"] = serde_json::json!({ "include_usage": true });
+    serde_json::to_vec(&v).ok().map(Bytes::from)
 }
 
 /// Why no single answer could be made; nothing has reached the client, so every one of these
@@ -130,7 +177,10 @@ fn skip_ws(body: &[u8], mut i: usize) -> usize {
 /// Read the rest of `answer` (an NDJSON stream whose first chunk is here) and make the one
 /// JSON Ollama would have sent; `idle` bounds the silence between chunks.
 pub async fn collect(mut answer: Answer, api: Api, idle: Duration) -> Result<Bytes, AssembleError> {
-    let mut joined = Assembler::new(api);
+    let mut joined = match api {
+        Api::V1Chat => Joined::Sse(SseAssembler::default()),
+        native => Joined::Lines(Assembler::new(native)),
+    };
     if let Some(first) = answer.first.take() {
         joined.push(&first)?;
     }
@@ -144,6 +194,174 @@ pub async fn collect(mut answer: Answer, api: Api, idle: Duration) -> Result<Byt
         }
     }
     joined.finish().map(Bytes::from)
+}
+
+/// An answer being joined from Ollama's NDJSON or its OpenAI layer's SSE.
+enum Joined {
+    Lines(Assembler),
+    Sse(SseAssembler),
+}
+
+impl Joined {
+    fn push(&mut self, chunk: &[u8]) -> Result<(), AssembleError> {
+        match self {
+            Self::Lines(a) => a.push(chunk),
+            Self::Sse(a) => a.push(chunk),
+        }
+    }
+    fn finish(self) -> Result<Vec<u8>, AssembleError> {
+        match self {
+            Self::Lines(a) => a.finish(),
+            Self::Sse(a) => a.finish(),
+        }
+    }
+}
+
+/// One `chat.completion.chunk` event, as far as the answer needs it.
+#[derive(Deserialize)]
+struct SseChunk<'a> {
+    #[serde(borrow, default)]
+    id: std::borrow::Cow<'a, str>,
+    #[serde(default)]
+    created: i64,
+    #[serde(borrow, default)]
+    model: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    system_fingerprint: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    choices: Vec<SseChoice<'a>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct SseChoice<'a> {
+    #[serde(borrow)]
+    delta: Option<SseDelta<'a>>,
+    #[serde(borrow)]
+    finish_reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    logprobs: Option<SseLogprobs<'a>>,
+}
+
+#[derive(Deserialize)]
+struct SseDelta<'a> {
+    #[serde(borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<&'a RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct SseLogprobs<'a> {
+    #[serde(borrow)]
+    content: Option<Vec<&'a RawValue>>,
+}
+
+/// The `chat.completion` being joined from Ollama's OpenAI-layer stream, as Ollama's
+/// `ToChatCompletion` writes it (`openai/openai.go`): `id`, `object`, `created`, `model`,
+/// `system_fingerprint`, one choice with the whole message, `usage`.
+#[derive(Debug, Default)]
+pub struct SseAssembler {
+    id: String,
+    created: i64,
+    model: String,
+    fingerprint: String,
+    content: String,
+    reasoning: String,
+    tool_calls: Vec<String>,
+    logprobs: Vec<String>,
+    finish_reason: Option<String>,
+    usage: Option<String>,
+    done: bool,
+    partial: Vec<u8>,
+    read: usize,
+}
+
+impl SseAssembler {
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), AssembleError> {
+        self.read += chunk.len();
+        if self.read > MAX_STREAM_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
+        self.partial.extend_from_slice(chunk);
+        while let Some(nl) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=nl).collect();
+            self.line(line.trim_ascii())?;
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, line: &[u8]) -> Result<(), AssembleError> {
+        let Some(data) = line.strip_prefix(b"data:") else { return Ok(()) };
+        let data = data.trim_ascii();
+        if data == b"[DONE]" {
+            self.done = true;
+            return Ok(());
+        }
+        let c: SseChunk<'_> = serde_json::from_slice(data).map_err(|e| AssembleError::Malformed(e.to_string()))?;
+        if let Some(e) = c.error {
+            let v: serde_json::Value = serde_json::from_str(e.get()).unwrap_or_default();
+            let m = v["message"].as_str().map_or_else(|| e.get().to_string(), str::to_string);
+            return Err(AssembleError::Node(m));
+        }
+        if self.id.is_empty() {
+            (self.id, self.model, self.fingerprint) =
+                (c.id.into_owned(), c.model.into_owned(), c.system_fingerprint.into_owned());
+        }
+        self.created = c.created;
+        for choice in c.choices {
+            if let Some(d) = choice.delta {
+                self.content.push_str(d.content.as_deref().unwrap_or_default());
+                self.reasoning.push_str(d.reasoning.as_deref().unwrap_or_default());
+                self.tool_calls.extend(d.tool_calls.iter().flatten().map(|r| r.get().to_string()));
+            }
+            if let Some(f) = choice.finish_reason {
+                self.finish_reason = Some(f.into_owned());
+            }
+            let lp = choice.logprobs.and_then(|l| l.content).unwrap_or_default();
+            self.logprobs.extend(lp.iter().map(|r| r.get().to_string()));
+        }
+        if let Some(u) = c.usage {
+            self.usage = Some(u.get().to_string());
+        }
+        Ok(())
+    }
+
+    /// The one `chat.completion`, in Go's field order, ending in a newline as Go's
+    /// `json.Encoder` ends it.
+    pub fn finish(self) -> Result<Vec<u8>, AssembleError> {
+        if !self.done || self.finish_reason.is_none() {
+            return Err(AssembleError::NoEnd);
+        }
+        let mut message = format!(r#"{{"role":"assistant","content":{}"#, go_string(&self.content));
+        if !self.reasoning.is_empty() {
+            message += &format!(r#","reasoning":{}"#, go_string(&self.reasoning));
+        }
+        if !self.tool_calls.is_empty() {
+            message += &format!(r#","tool_calls":[{}]"#, self.tool_calls.join(","));
+        }
+        message.push('}');
+        let finish = self.finish_reason.as_deref().map_or_else(|| "null".to_string(), go_string);
+        let logprobs = match self.logprobs.is_empty() {
+            true => String::new(),
+            false => format!(r#","logprobs":{{"content":[{}]}}"#, self.logprobs.join(",")),
+        };
+        let usage =
+            self.usage.unwrap_or_else(|| r#"{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}"#.into());
+        let out = format!(
+            r#"{{"id":{},"object":"chat.completion","created":{},"model":{},"system_fingerprint":{},"choices":[{{"index":0,"message":{message},"finish_reason":{finish}{logprobs}}}],"usage":{usage}}}"#,
+            go_string(&self.id),
+            self.created,
+            go_string(&self.model),
+            go_string(&self.fingerprint),
+        ) + "\n";
+        Ok(out.into_bytes())
+    }
 }
 
 /// What one line of the stream adds to the answer.
@@ -275,7 +493,7 @@ impl Assembler {
                 let before = ["model", "remote_model", "remote_host", "created_at", "message", "done", "done_reason"];
                 fields.set("logprobs", logprobs, &[&before[..], &["_debug_info"]].concat());
             }
-            Api::Generate => {
+            Api::Generate | Api::V1Chat => {
                 fields.set(
                     "response",
                     Some(go_string(&self.content)),
@@ -484,6 +702,46 @@ mod tests {
             &streamed_body(tricky).expect("rewritten")[..],
             br#"{"prompt":"say \"stream\":false","stream":true}"#
         );
+    }
+
+    #[test]
+    fn a_v1_stream_becomes_one_chat_completion() {
+        let mut a = SseAssembler::default();
+        let events = concat!(
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp_ollama\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp_ollama\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" <there>\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":6,\"model\":\"m\",\"system_fingerprint\":\"fp_ollama\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":6,\"model\":\"m\",\"system_fingerprint\":\"fp_ollama\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        for piece in events.as_bytes().chunks(7) {
+            a.push(piece).expect("push");
+        }
+        assert_eq!(
+            String::from_utf8(a.finish().expect("answer")).expect("utf8"),
+            "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":6,\"model\":\"m\",\"system_fingerprint\":\"fp_ollama\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"Hi \\u003cthere\\u003e\"},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2,\"total_tokens\":5}}\n"
+        );
+        let mut cut = SseAssembler::default();
+        cut.push(&events.as_bytes()[..200]).expect("push");
+        assert_eq!(cut.finish(), Err(AssembleError::NoEnd));
+    }
+
+    #[test]
+    fn a_v1_body_asks_for_a_stream_with_its_usage() {
+        let v = |b: &[u8]| -> serde_json::Value {
+            serde_json::from_slice(&streamed_v1_body(b).expect("body")).expect("json")
+        };
+        for body in [
+            &br#"{"model":"m","messages":[]}"#[..],
+            br#"{"model":"m","stream":false}"#,
+            br#" { "model":"m","stream_options":{"include_usage":false}}"#,
+        ] {
+            let got = v(body);
+            assert_eq!(got["stream"], true, "{got}");
+            assert_eq!(got["stream_options"]["include_usage"], true, "{got}");
+            assert_eq!(got["model"], "m");
+        }
+        assert!(streamed_v1_body(br#"{"model":"m","stream":true,"stream_options":{}}"#).is_none());
     }
 
     #[test]
