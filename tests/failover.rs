@@ -319,16 +319,16 @@ async fn rows_of(c: &common::Cluster) -> Vec<corral::store::RequestRow> {
 
 #[tokio::test]
 async fn with_continue_on_cut_a_cut_stream_is_finished_by_another_node_as_one_answer() {
-    let seed = common::long_seed(24);
     let c = first_is_n0(2, 5_000).config(|cfg| cfg.categories[0].continue_on_cut = true).start().await;
-    let body =
-        json!({"model": "llama3.2", "messages": [{"role": "user", "content": "tell me"}], "options": {"seed": seed}});
+    let body = json!({"model": "llama3.2", "messages": [{"role": "user", "content": "tell me"}], "options": {"seed": 5, "num_predict": 60}});
     // What an uncut node answers.
     let whole =
         reqwest::Client::new().post(format!("{}/api/chat", c.sims[1].url())).json(&body).send().await.expect("sim");
     let whole = common::ndjson(&whole.text().await.expect("body"));
     let (whole_text, whole_count) = (chat_text(&whole), whole.last().expect("last")["eval_count"].clone());
-    c.sims[0].set_faults(corral::sim::Faults { cut_after: Some(10), ..Default::default() });
+    assert_eq!(whole_count, 60);
+    // Cut after 40 of the 60 tokens.
+    c.sims[0].set_faults(corral::sim::Faults { cut_after: Some(40), ..Default::default() });
     let r = c.post("/api/chat", body).await;
     assert_eq!(r.headers()["x-corral-node"], "n0");
     let lines = common::ndjson(&r.text().await.expect("body"));

@@ -49,12 +49,17 @@ pub struct Completion {
     pub done_reason: &'static str,
 }
 
-/// Generate an answer. `num_predict` > 0 caps the length, as in Ollama.
+/// Longest answer the sim gives, whatever `num_predict` asks.
+const MAX_TOKENS: usize = 4096;
+
+/// Generate an answer: its natural length (8 to 31 tokens), or `num_predict` tokens when asked.
 pub fn complete(seed: u64, num_predict: Option<i64>) -> Completion {
     let mut rng = SplitMix::new(seed);
     let natural = 8 + (rng.next_u64() % 24) as usize;
+    // Asked for `num_predict` tokens, the sim's model always has that much to say (so a test can
+    // ask for a 60-token answer); otherwise it stops after its own natural length.
     let (n, done_reason) = match num_predict {
-        Some(p) if p > 0 && (p as usize) <= natural => (p as usize, "length"),
+        Some(p) if p > 0 => ((p as usize).min(MAX_TOKENS), "length"),
         _ => (natural, "stop"),
     };
     let tokens = (0..n)
