@@ -264,6 +264,7 @@ impl Sockets {
         let admin_app = crate::admin::router(crate::admin::AdminState {
             shared: Arc::clone(shared),
             token: Arc::clone(admin_token),
+            drills: Default::default(),
         });
         let (stop, admin_addr, admin) = (cancel.clone(), self.admin_addr, self.admin);
         tracker.spawn(async move {

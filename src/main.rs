@@ -43,6 +43,16 @@ async fn run(command: Command) -> ExitCode {
             cmd::serve::run(config.as_deref(), notify, listen.as_deref(), admin.as_deref()).await
         }
         Command::Status { url } => cmd::status::run(&url).await,
+        Command::Drill { category, node, requests, fault, url } => {
+            let args = cmd::drill::DrillArgs {
+                url: &url,
+                node: node.as_deref(),
+                category: category.as_deref(),
+                requests: Some(usize::from(requests)),
+                fault,
+            };
+            cmd::drill::run(args).await
+        }
         Command::Completions { shell } => cmd::status::completions(shell),
         Command::Demo { port, nodes, admin_port, db } => cmd::demo::run(port, nodes, admin_port, db).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue, cloud, api_key, echo } => {

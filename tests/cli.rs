@@ -155,7 +155,7 @@ fn usage_errors_exit_2_and_help_names_every_command() {
     assert_eq!(code, 2);
     let (code, out, _) = run(&["help"]);
     assert_eq!(code, 0);
-    for cmd in ["serve", "demo", "sim", "config"] {
+    for cmd in ["serve", "demo", "sim", "config", "drill"] {
         assert!(out.contains(cmd), "help lists {cmd}:\n{out}");
     }
     let (code, out, _) = run(&["help", "sim"]);
@@ -469,4 +469,58 @@ fn status_shows_nodes_and_where_to_point_clients() {
         .expect("corral runs");
     assert_eq!(refused.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drill_against_the_demo_prints_a_table_per_category() {
+    let token = "drill-test-token-27182818284590452";
+    let db = std::env::temp_dir().join(format!("corral-cli-{}-drill.db", std::process::id()));
+    let demo = Proc::spawn_env(
+        &["demo", "--port", "0", "--admin-port", "0", "--db", db.to_str().unwrap_or_default()],
+        &[("CORRAL_ADMIN_TOKEN", token)],
+    );
+    let admin = demo.url("Admin API:");
+    // The drill picks each category's model from the nodes' lists: wait for the first deep probe.
+    let client = reqwest::Client::new();
+    let mut known = false;
+    for _ in 0..100 {
+        let nodes: Value = client
+            .get(format!("{admin}/admin/nodes"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("admin answers")
+            .json()
+            .await
+            .expect("json");
+        known = nodes.as_array().is_some_and(|ns| ns.iter().all(|n| n["models"].is_array()));
+        if known {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(known, "the demo's nodes report their models");
+    let drill = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(BIN).args(&args).env("CORRAL_ADMIN_TOKEN", token).output().expect("corral runs");
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+        })
+    };
+    let args =
+        |extra: &[&str]| [&["drill", "--url", admin.as_str()], extra].concat().iter().map(|s| s.to_string()).collect();
+    let (code, out, err) = drill(args(&["--node", "sim-a"])).await.expect("join");
+    assert_eq!(code, 0, "the drill ran:\n{out}{err}");
+    assert!(out.contains("took sim-a out (drain)"), "{out}");
+    for category in ["default", "public", "private"] {
+        assert!(out.contains(&format!("category {category} (model")), "a table for {category}:\n{out}");
+        assert!(out.contains(&format!("  {category}: 3/3 served")), "a summary for {category}:\n{out}");
+    }
+    assert_eq!(out.matches("#  status  served by").count(), 3, "one table head per category:\n{out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())).collect();
+    assert_eq!(rows.len(), 9, "three rows per category:\n{out}");
+    assert!(rows.iter().all(|r| !r.contains("sim-a")), "the node taken out served nothing:\n{out}");
+    let (code, _, err) = drill(args(&["--node", "nope"])).await.expect("join");
+    assert_eq!(code, 2, "an unknown node is a usage error: {err}");
+    assert!(err.contains("nope") && err.contains("not_found"), "{err}");
 }

@@ -43,6 +43,25 @@ pub enum AdminError {
     /// Called from a web page of another origin; the token does not change that.
     #[error("the admin API takes no cross-origin calls (Origin {0:?})")]
     ForbiddenOrigin(String),
+    /// `POST /admin/drill` while another drill runs: one at a time.
+    #[error("a drill is already running; wait for its answer, then start the next")]
+    DrillRunning,
+    /// `POST /admin/drill` with no serving node to take out.
+    #[error(
+        "no node is serving ({nodes} configured), so there is nothing to take out; add, enable or undrain one first"
+    )]
+    DrillNoNode { nodes: usize },
+    /// `POST /admin/drill` naming a node that is already out.
+    #[error("node \"{name}\" is already out ({state}); drill a serving node, or undrain / enable it first")]
+    DrillNodeOut { name: String, state: &'static str },
+    /// `POST /admin/drill` on a broker with no proxy listener bound to send the batch through.
+    #[error("no proxy listener is bound, so the drill has nowhere to send its requests")]
+    DrillNoListener,
+    /// `POST /admin/drill` with `take_out: "fault"` on a node that is not a simulated one.
+    #[error(
+        "node \"{0}\" does not answer /_sim/faults (only a simulated node takes a fault); take it out by drain instead"
+    )]
+    DrillNotSim(String),
 }
 
 impl AdminError {
@@ -59,6 +78,11 @@ impl AdminError {
             Self::ConfigFile(e) => e.code(),
             Self::ForbiddenHost(_) => "forbidden_host",
             Self::ForbiddenOrigin(_) => "forbidden_origin",
+            Self::DrillRunning => "drill_running",
+            Self::DrillNoNode { .. } => "drill_no_node",
+            Self::DrillNodeOut { .. } => "drill_node_out",
+            Self::DrillNoListener => "drill_no_listener",
+            Self::DrillNotSim(_) => "drill_not_sim",
         }
     }
 
@@ -77,6 +101,10 @@ impl AdminError {
             Self::Chart(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::ConfigFile(_) => StatusCode::CONFLICT,
             Self::ForbiddenHost(_) | Self::ForbiddenOrigin(_) => StatusCode::FORBIDDEN,
+            Self::DrillRunning | Self::DrillNoNode { .. } | Self::DrillNodeOut { .. } | Self::DrillNotSim(_) => {
+                StatusCode::CONFLICT
+            }
+            Self::DrillNoListener => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -139,6 +167,11 @@ mod tests {
                 AdminError::Chart(ChartError::Write { path: Default::default(), detail: String::new() }),
             AdminError::ForbiddenHost(_) => AdminError::ForbiddenHost(String::new()),
             AdminError::ForbiddenOrigin(_) => AdminError::ForbiddenOrigin(String::new()),
+            AdminError::DrillRunning => AdminError::DrillRunning,
+            AdminError::DrillNoNode { .. } => AdminError::DrillNoNode { nodes: 0 },
+            AdminError::DrillNodeOut { .. } => AdminError::DrillNodeOut { name: String::new(), state: "draining" },
+            AdminError::DrillNoListener => AdminError::DrillNoListener,
+            AdminError::DrillNotSim(_) => AdminError::DrillNotSim(String::new()),
         })
     }
 

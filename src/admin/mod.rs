@@ -21,6 +21,7 @@
 mod categories;
 mod charts;
 mod config;
+mod drill;
 mod error;
 mod events;
 mod models;
@@ -43,6 +44,7 @@ use subtle::ConstantTimeEq;
 use crate::config::Config;
 use crate::state::Shared;
 
+pub use drill::Drills;
 pub use error::AdminError;
 pub use requests::parse_since;
 
@@ -50,6 +52,8 @@ pub use requests::parse_since;
 pub struct AdminState {
     pub shared: Arc<Shared>,
     pub token: Arc<String>,
+    /// The drill running now, if any (`POST /admin/drill`): one at a time.
+    pub drills: Drills,
 }
 
 /// Who may call a route.
@@ -100,6 +104,7 @@ pub const ROUTES: &[Route] = &[
     protected(Method::PATCH, "/admin/nodes/{name}", |m| on(m, nodes::patch)),
     protected(Method::DELETE, "/admin/nodes/{name}", |m| on(m, nodes::delete)),
     protected(Method::POST, "/admin/nodes/{name}/test", |m| on(m, nodes::test)),
+    protected(Method::POST, "/admin/drill", |m| on(m, drill::drill)),
     protected(Method::GET, "/admin/categories", |m| on(m, categories::list)),
     protected(Method::PUT, "/admin/categories", |m| on(m, categories::put_all)),
     protected(Method::GET, "/admin/categories/{name}", |m| on(m, categories::get)),
@@ -226,7 +231,7 @@ mod tests {
         let telemetry = Arc::new(crate::telemetry::Telemetry::new(None, crate::telemetry::Telemetry::bus()));
         let cancel = tokio_util::sync::CancellationToken::new();
         let shared = Shared::new(config, registry, reqwest::Client::new(), cancel, telemetry, Some(1));
-        AdminState { shared: Arc::new(shared), token: Arc::new(TOKEN.into()) }
+        AdminState { shared: Arc::new(shared), token: Arc::new(TOKEN.into()), drills: Default::default() }
     }
 
     /// A concrete path for a table path: every `{param}` or `{*rest}` segment becomes `x`.

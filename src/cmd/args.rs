@@ -48,6 +48,29 @@ pub enum Command {
         #[arg(long, env = "CORRAL_ADMIN_URL", default_value = "http://127.0.0.1:11402")]
         url: String,
     },
+    /// Rehearse failover on a running broker: take a node out (drain, or --fault on a sim), send a small batch of
+    /// requests through each category, put the node back, and print what the clients saw
+    /// (status, served by, attempts, ms, error), a table per category. Exit 0 when the drill
+    /// ran, whatever the clients saw. Needs the admin token in CORRAL_ADMIN_TOKEN.
+    Drill {
+        /// The category to drill (default: every category).
+        #[arg(long)]
+        category: Option<String>,
+        /// The node to take out (default: the busiest serving node).
+        #[arg(long)]
+        node: Option<String>,
+        /// Requests per category, 1 to 20.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=20))]
+        requests: u16,
+        /// Take the node out by a simulated fault instead of a drain: every inference request
+        /// it gets answers 500, so requests still reach it and fail over (only a `corral sim`
+        /// node, as in `corral demo`, takes one).
+        #[arg(long)]
+        fault: bool,
+        /// The broker's admin URL.
+        #[arg(long, env = "CORRAL_ADMIN_URL", default_value = "http://127.0.0.1:11402")]
+        url: String,
+    },
     /// Shell completions, generated from this CLI's own definition.
     Completions { shell: clap_complete::Shell },
     /// Broker in front of simulated nodes on loopback: the zero-setup way to try Corral.

@@ -14,6 +14,7 @@ pub mod args;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod drill;
 pub mod history;
 pub mod models;
 pub mod report;

@@ -63,6 +63,20 @@ test("test latency colours each node's result", async () => {
   await page.close();
 });
 
+test("a drill from the Nodes screen shows what clients saw, a table per category", async () => {
+  const page = await open(b, c, "nodes");
+  await page.click("tr[data-node=gpu0] [data-testid=drill]");
+  await page.waitForSelector("[data-testid=drill-report]", { timeout: 20000 });
+  assert.match(await page.textContent("[data-testid=drill-report] h3"), /gpu0 taken out \(drain\)/);
+  const servedBy = await page.$$eval("[data-testid=drill-report] table[data-category=default] tbody tr td:nth-child(3)", (tds) => tds.map((td) => td.textContent));
+  assert.equal(servedBy.length, 3, "three requests in the default category");
+  assert.ok(servedBy.every((n) => n && n !== "gpu0" && n !== "–"), `the other nodes served all of them: ${servedBy}`);
+  assert.match(await page.textContent("[data-testid=drill-summary]"), /^3\/3 served/);
+  const nodes = await c.adminApi("GET", "/admin/nodes");
+  assert.equal(nodes.find((n) => n.name === "gpu0").admin, "active", "the node is put back");
+  await page.close();
+});
+
 test("a rule edit changes routing, and a bad one points at the field and changes nothing", async () => {
   const page = await open(b, c, "rules");
   const row = "tr[data-category=default]";

@@ -2,7 +2,7 @@
 // removing one goes draft -> validate -> swap on the server; draining is a runtime action.
 
 import { call, seg } from "./client";
-import type { Node, NodeConfig, NodePatch, NodeTest } from "./types";
+import type { DrillAsk, DrillReport, Node, NodeConfig, NodePatch, NodeTest } from "./types";
 
 /** `GET /admin/nodes`. */
 export function listNodes(): Promise<Node[]> {
@@ -32,4 +32,10 @@ export function deleteNode(name: string): Promise<void> {
 /** `POST /admin/nodes/{name}/test`: one timed liveness probe. */
 export function testNode(name: string): Promise<NodeTest> {
   return call<NodeTest>("POST", `/admin/nodes/${seg(name)}/test`);
+}
+
+/** `POST /admin/drill`: take a node out, send a small batch per category, put it back; what
+ * clients saw. 409 `drill_running` while another drill runs. */
+export function drill(ask: DrillAsk = {}): Promise<DrillReport> {
+  return call<DrillReport>("POST", "/admin/drill", { json: ask });
 }

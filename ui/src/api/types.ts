@@ -76,6 +76,70 @@ export interface NodeTest {
   timeout_ms: number;
 }
 
+// ---- drill (src/admin/drill.rs) ----
+
+/** How a drill takes its node out: the runtime drain, or a 500 fault on a simulated node. */
+export type DrillTakeOut = "drain" | "fault";
+
+/** The body of `POST /admin/drill`; every field may be left out. */
+export interface DrillAsk {
+  /** Default: the busiest serving node. */
+  node?: string;
+  /** Default: every category. */
+  category?: string;
+  /** Requests per category, 1 to 20; default 3. */
+  requests?: number;
+  take_out?: DrillTakeOut;
+}
+
+/** One drill request as its client saw it. */
+export interface DrillShot {
+  category: string;
+  n: number;
+  model: string;
+  /** HTTP status; null when no answer came at all. */
+  status: number | null;
+  /** The node that served it, or `cloud:<provider>`; null unless it was served. */
+  served_by: string | null;
+  fallback: string | null;
+  degraded: string | null;
+  attempts: number | null;
+  ms: number;
+  /** Corral's error code, `http_<status>`, `client_timeout` or `no_answer`. */
+  code: string | null;
+  error: string | null;
+}
+
+/** One category's drill requests, summed up; `skipped` says why a category sent none. */
+export interface DrillCategory {
+  category: string;
+  sent: number;
+  served: number;
+  skipped?: string;
+  model?: string;
+  by?: Record<string, number>;
+  p50_ms?: number | null;
+  max_ms?: number | null;
+  errors?: { code: string; count: number }[];
+}
+
+/** `POST /admin/drill`: what clients saw while the node was out. */
+export interface DrillReport {
+  node: string;
+  taken_out: DrillTakeOut;
+  /** The node's state after it was put back. */
+  restored: NodeState;
+  breaker: BreakerState;
+  other_serving_nodes: number;
+  /** Set when the node was the only serving one. */
+  note: string | null;
+  /** Set when putting the node back failed. */
+  restore_error: string | null;
+  took_ms: number;
+  results: DrillShot[];
+  per_category: DrillCategory[];
+}
+
 // ---- categories (src/config.rs CategoryConfig) ----
 
 export type Policy = "round-robin" | "weighted" | "least-connections" | "least-latency" | "p2c" | "priority" | "sticky";
