@@ -128,10 +128,13 @@ pub(super) async fn v1_model(shared: &Shared, model: &str) -> Result<Response, B
             }
         }
     }
+    let known = crate::catalog::known_models(&shared.registry, std::iter::empty());
+    let guesses = crate::catalog::closest(model, &known);
+    let hint = crate::error::did_you_mean_sentence(&guesses).map(|s| format!("; {s}")).unwrap_or_default();
     let error = json!({ "error": {
-        "message": format!("model \"{model}\" not found"),
+        "message": format!("model \"{model}\" not found{hint}"),
         "type": "invalid_request_error", "param": "model", "code": "model_not_found",
-    }});
+    }, "did_you_mean": guesses });
     Ok((http::StatusCode::NOT_FOUND, axum::Json(error)).into_response())
 }
 
@@ -148,7 +151,7 @@ pub(super) async fn unload(shared: &Shared, path: &str, body: Bytes, model: &str
         .cloned()
         .collect();
     if nodes.is_empty() {
-        return Err(BrokerError::ModelNotFound(model.to_string()));
+        return Err(BrokerError::model_not_found(model));
     }
     let timeout = Duration::from_secs(10);
     let asks = nodes.iter().filter(|n| !Upstream::node(n).is_openai()).map(|n| {
@@ -209,7 +212,7 @@ fn targets(
         .collect();
     if chosen.is_empty() {
         return Err(match (needs_model, model) {
-            (true, Some(m)) => BrokerError::ModelNotFound(m.to_string()),
+            (true, Some(m)) => BrokerError::model_not_found(m),
             _ => BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() },
         });
     }

@@ -247,6 +247,7 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => {
+            let e = explained(&state.shared, trace.as_ref().map(|t| t.row.category.as_str()), e);
             if let Some(mut t) = trace.take() {
                 t.row.attempts = i64::from(attempts);
                 t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
@@ -260,6 +261,23 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
         t.finish(status_for(status), Some(status), None);
     }
     (response, attempts)
+}
+
+/// A `model_not_found` from below, completed with what the cluster knows: the closest names
+/// any node lists (whatever its health now) or the request's category may send to a provider
+/// ("did you mean"), and the nodes that are down and never listed their models.
+fn explained(shared: &Shared, category: Option<&str>, e: BrokerError) -> BrokerError {
+    let BrokerError::ModelNotFound { model, .. } = e else { return e };
+    let config = shared.config();
+    let cat = category.and_then(|c| config.category(c)).filter(|c| c.may_fall_back());
+    let mapped = config
+        .providers
+        .iter()
+        .filter(|p| cat.is_some_and(|c| c.providers.contains(&p.name)))
+        .flat_map(|p| p.model_map.keys().map(String::as_str));
+    let known = crate::catalog::known_models(&shared.registry, mapped);
+    let did_you_mean = crate::catalog::closest(&model, &known);
+    BrokerError::ModelNotFound { did_you_mean, unlisted: crate::catalog::unlisted(&shared.registry), model }
 }
 
 async fn serve(

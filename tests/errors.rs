@@ -1,0 +1,97 @@
+//! The errors a person meets in the first minutes, each as the client sees it (status, code,
+//! the sentence) and as the request store records it: a mistyped model while a node is down.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, Cluster};
+use corral::config::ProviderConfig;
+use corral::sim::SimNode;
+use corral::store::{Query, RequestRow};
+use serde_json::{json, Value};
+
+/// Stop `sim` and wait until its port refuses connections (the listener closes on the
+/// runtime's next turn after `stop`).
+async fn stopped(sim: &SimNode) {
+    sim.stop();
+    for _ in 0..1000 {
+        if tokio::net::TcpStream::connect(sim.addr()).await.is_err() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the sim at {} still accepts connections after stop", sim.addr());
+}
+
+/// The stored record of the request with Corral id `id`, once its writer has flushed it.
+async fn record(c: &Cluster, id: &str) -> RequestRow {
+    let store = c.broker.shared().telemetry.store().expect("store on").clone();
+    for _ in 0..500 {
+        let rows = store.requests(&Query::default()).await.expect("query");
+        if let Some(r) = rows.into_iter().find(|r| r.id == id && r.status != "running") {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no finished record of request {id}");
+}
+
+fn request_id(r: &reqwest::Response) -> String {
+    r.headers()["x-corral-request-id"].to_str().expect("ascii").to_string()
+}
+
+#[tokio::test]
+async fn a_mistyped_model_while_a_node_is_down_is_404_with_did_you_mean() {
+    // A provider is configured, but `default` never falls back: before, this gave 503
+    // cloud_not_allowed about a cloud that had nothing to do with the typo.
+    let c = cluster(3)
+        .models(0, &["llama3.2:latest"])
+        .models(1, &["llama3.2:latest"])
+        .models(2, &["llama3.2:latest", "qwen2.5:7b"])
+        .config(|cfg| {
+            cfg.providers.push(ProviderConfig {
+                name: "cloud".into(),
+                base_url: "http://127.0.0.1:9/v1".into(),
+                ..ProviderConfig::default()
+            })
+        })
+        .start()
+        .await;
+    // n1 went down before it ever listed its models; n2 listed them, then went down.
+    stopped(&c.sims[1]).await;
+    c.node(1).record_probe(false, 1, 1);
+    c.learn_models().await;
+    stopped(&c.sims[2]).await;
+    c.node(2).record_probe(false, 1, 1);
+    assert_eq!(c.node(1).models(), None, "n1 never listed its models");
+
+    let r = c.chat("llama3.3", false).await;
+    let id = request_id(&r);
+    assert_eq!(r.status(), 404, "a typo is not a health problem");
+    assert_eq!(r.headers()["x-corral-forwarded"], "false");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "model_not_found", "{v}");
+    assert_eq!(v["did_you_mean"], json!(["llama3.2"]), "{v}");
+    let said = v["error"].as_str().expect("a sentence");
+    assert!(said.starts_with("model 'llama3.3' not found"), "Ollama's own words first: {said}");
+    assert!(said.contains("did you mean llama3.2?"), "{said}");
+    assert!(said.contains("n1 is down and has not listed its models yet"), "the blind spot is named: {said}");
+    assert!(!said.contains("cloud"), "no cloud wording for a typo: {said}");
+    let row = record(&c, &id).await;
+    assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("client_error", Some("model_not_found")));
+
+    // A model only the down n2 lists: that one is a health problem, and says which model (with
+    // a provider configured, as the never-category's refusal, which gives the local reason).
+    let r = c.chat("qwen2.5:7b", false).await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_not_allowed", "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("no healthy node can serve model \"qwen2.5:7b\"")), "{v}");
+
+    // Another tag of a listed model (n2's list counts while it is down).
+    let r = c.chat("qwen2.5", false).await;
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["did_you_mean"], json!(["qwen2.5:7b"]), "{v}");
+}
