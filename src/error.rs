@@ -52,6 +52,10 @@ pub enum BrokerError {
     NoHealthyNode { model: String },
     #[error("no node could be reached for this request ({detail})")]
     NoNodeReachable { detail: String },
+    /// Nothing to ask at all: every node is down, disabled or draining (an answer merged from
+    /// the nodes, or a model operation with no node named). `nodes` says which is which.
+    #[error("no node is up to answer {what}: {nodes}; try again when one is back")]
+    NoNodeUp { what: String, nodes: String },
     #[error("the broker's queue is full ({depth} requests, {bytes} bytes waiting); try again shortly")]
     QueueFull { depth: usize, bytes: usize },
     #[error("the prompt is about {estimated} tokens but the model runs with a context of {limit} tokens and the request says \"truncate\": false; shorten it, raise options.num_ctx, or allow truncation")]
@@ -123,6 +127,7 @@ impl BrokerError {
             Self::RouteNotServed { .. } => "route_not_served",
             Self::NoHealthyNode { .. } => "no_healthy_node",
             Self::NoNodeReachable { .. } => "no_node_reachable",
+            Self::NoNodeUp { .. } => "no_node_up",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::QueueFull { .. } => "queue_full",
             Self::ContextTooLong { .. } => "context_too_long",
@@ -170,6 +175,7 @@ impl BrokerError {
             Self::RouteNotServed { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::NoHealthyNode { .. }
             | Self::NoNodeReachable { .. }
+            | Self::NoNodeUp { .. }
             | Self::QueueTimeout { .. }
             | Self::ClusterBusy
             | Self::CloudNotAllowed { .. }
@@ -349,6 +355,7 @@ mod tests {
             E::RouteNotServed { .. } => E::RouteNotServed { method: "".into(), path: "".into(), why: "" },
             E::NoHealthyNode { .. } => E::NoHealthyNode { model: "".into() },
             E::NoNodeReachable { .. } => E::NoNodeReachable { detail: "".into() },
+            E::NoNodeUp { .. } => E::NoNodeUp { what: "".into(), nodes: "".into() },
             E::QueueFull { .. } => E::QueueFull { depth: 0, bytes: 0 },
             E::ContextTooLong { .. } => E::ContextTooLong { estimated: 0, limit: 0 },
             E::QueueTimeout { .. } => E::QueueTimeout { waited_ms: 0 },

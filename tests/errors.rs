@@ -1,10 +1,12 @@
 //! The errors a person meets in the first minutes, each as the client sees it (status, code,
-//! the sentence) and as the request store records it: a mistyped model while a node is down.
+//! the sentence), as the request store records it, and as `corral models` prints it: a mistyped
+//! model while a node is down, and every node down under the merged lists.
 
 mod common;
 
 use std::time::Duration;
 
+use common::process::BIN;
 use common::{cluster, Cluster};
 use corral::config::ProviderConfig;
 use corral::sim::SimNode;
@@ -39,6 +41,22 @@ async fn record(c: &Cluster, id: &str) -> RequestRow {
 
 fn request_id(r: &reqwest::Response) -> String {
     r.headers()["x-corral-request-id"].to_str().expect("ascii").to_string()
+}
+
+/// `corral <args>` against the cluster, off the runtime (the broker serves it meanwhile):
+/// (exit code, stdout, stderr).
+async fn corral(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(BIN).args(&args).env("NO_COLOR", "1").output().expect("corral runs");
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+        (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
+    })
+    .await
+    .expect("the CLI ran")
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
 }
 
 #[tokio::test]
@@ -94,4 +112,62 @@ async fn a_mistyped_model_while_a_node_is_down_is_404_with_did_you_mean() {
     assert_eq!(r.status(), 404);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["did_you_mean"], json!(["qwen2.5:7b"]), "{v}");
+}
+
+#[tokio::test]
+async fn with_every_node_down_the_model_lists_say_so_and_corral_models_too() {
+    let c = cluster(2).start().await;
+    c.learn_models().await;
+    for i in 0..2 {
+        stopped(&c.sims[i]).await;
+        c.node(i).record_probe(false, 1, 1);
+    }
+    for path in ["/api/tags", "/api/ps", "/v1/models"] {
+        let r = c.client.get(c.url(path)).send().await.expect("answer");
+        let id = request_id(&r);
+        assert_eq!(r.status(), 503, "{path}: not an empty list that reads as 'no models'");
+        assert_eq!(r.headers()["x-corral-forwarded"], "false");
+        assert!(r.headers().contains_key("retry-after"), "{path}: worth asking again");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["code"], "no_node_up", "{path}: {v}");
+        assert_eq!(
+            v["error"],
+            format!("no node is up to answer {path}: n0 is down, n1 is down; try again when one is back"),
+            "{path}"
+        );
+        let row = record(&c, &id).await;
+        assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("error", Some("no_node_up")), "{path}");
+    }
+    // The model the down nodes list is a health problem; a typo of it is still a typo.
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(
+        (v["code"].as_str(), v["error"].as_str()),
+        (Some("no_healthy_node"), Some("no healthy node can serve model \"llama3.2\" right now"))
+    );
+    let r = c.chat("llama3.3", false).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["did_you_mean"], json!(["llama3.2"]));
+
+    let (code, out, err) = corral(args(&["models", "--url", &c.url("")])).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("Corral is running, but no node is up"), "{err}");
+    assert!(err.contains("n0 is down, n1 is down"), "{err}");
+    assert!(!err.contains("is Corral running?"), "it is, and it answered: {err}");
+}
+
+#[tokio::test]
+async fn a_merged_list_names_the_nodes_it_lacks() {
+    let c = cluster(2).models(0, &["llama3.2:latest"]).models(1, &["qwen2.5:7b"]).start().await;
+    c.learn_models().await;
+    stopped(&c.sims[1]).await;
+    c.node(1).record_probe(false, 1, 1);
+    let r = c.client.get(c.url("/api/tags")).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-corral-missing-nodes"], "n1", "the list lacks n1's models, and says so");
+    let (code, out, err) = corral(args(&["models", "--url", &c.url("")])).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("llama3.2") && out.contains("n0"), "{out}");
+    assert!(err.contains("not listed: the models of n1"), "{err}");
 }

@@ -1,7 +1,11 @@
 //! Endpoints answered from every serving node at once and merged: `/api/tags` and `/v1/models`
 //! (the union of models, so a client sees one big Ollama), `/api/ps` (the union, each entry
 //! annotated with the `node` it is loaded on). Nodes are asked concurrently with the probe
-//! timeout; a node that does not answer is left out, not waited for.
+//! timeout; a node that does not answer is left out, not waited for, and named in
+//! `X-Corral-Missing-Nodes`. With every node out of service there is nothing to merge: 503
+//! `no_node_up` naming each node's state, never an empty list. Ollama's CLI (`ollama list`) and
+//! its Python client show an error's sentence to the person and hide headers, so an empty list
+//! would read as "no models" while the models sit on nodes that are down.
 //!
 //! Model operations (pull, create, copy, delete, and the blob uploads a create needs) go to
 //! several nodes too, and answer in Ollama's shape so its clients read them to the end: each
@@ -20,7 +24,7 @@ use http::{HeaderMap, Method};
 use serde_json::{json, Value};
 
 use crate::error::BrokerError;
-use crate::node::Node;
+use crate::node::{Node, Registry};
 use crate::state::{Gathered, Shared};
 use crate::upstream::translate::native_error;
 use crate::upstream::Upstream;
@@ -38,7 +42,7 @@ async fn gather(shared: &Shared, path: &str) -> Gathered {
 async fn gather_now(shared: &Shared, path: &str) -> Gathered {
     let nodes: Vec<Arc<Node>> = shared.registry.all().iter().filter(|n| n.is_available()).cloned().collect();
     if nodes.is_empty() {
-        return Err(BrokerError::NoHealthyNode { model: String::new() });
+        return Err(no_node_up(&shared.registry, path));
     }
     let config = shared.config();
     let timeout = Duration::from_millis(config.health.timeout_ms.max(config.proxy.connect_timeout_ms))
@@ -62,6 +66,37 @@ async fn gather_now(shared: &Shared, path: &str) -> Gathered {
     Ok(Arc::new(answers))
 }
 
+/// Every node is out of service: the error that says so, with each node's state.
+pub(super) fn no_node_up(registry: &Registry, what: &str) -> BrokerError {
+    let all = registry.all();
+    let nodes = if all.is_empty() {
+        "no node is configured".to_string()
+    } else {
+        let state = |n: &Arc<Node>| format!("{} is {}", n.name(), crate::catalog::state_word(n.state()));
+        all.iter().map(state).collect::<Vec<_>>().join(", ")
+    };
+    BrokerError::NoNodeUp { what: what.to_string(), nodes }
+}
+
+/// A merged answer, with `X-Corral-Missing-Nodes` naming the configured nodes it lacks (out of
+/// service, or no answer in time): a client can tell "not on the cluster" from "not asked".
+fn merged(shared: &Shared, answered: &[(Arc<Node>, Value)], body: Value) -> Response {
+    let missing: Vec<String> = shared
+        .registry
+        .all()
+        .iter()
+        .filter(|n| !answered.iter().any(|(a, _)| Arc::ptr_eq(a, n)))
+        .map(|n| n.name().to_string())
+        .collect();
+    let mut r = axum::Json(body).into_response();
+    if let Some(v) =
+        Some(missing.join(", ")).filter(|m| !m.is_empty()).and_then(|m| http::HeaderValue::from_str(&m).ok())
+    {
+        r.headers_mut().insert("x-corral-missing-nodes", v);
+    }
+    r
+}
+
 fn entries(v: &Value, key: &str) -> Vec<Value> {
     v.get(key).and_then(Value::as_array).cloned().unwrap_or_default()
 }
@@ -72,7 +107,8 @@ fn name_of(entry: &Value) -> String {
 
 pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
-    for (node, v) in gather(shared, "/api/tags").await?.iter() {
+    let answered = gather(shared, "/api/tags").await?;
+    for (node, v) in answered.iter() {
         let models = entries(v, "models");
         // A fresh answer is as good as a deep probe: keep the routing table current.
         node.set_models(models.iter().map(name_of).filter(|n| !n.is_empty()));
@@ -89,12 +125,13 @@ pub(super) async fn tags(shared: &Shared) -> Result<Response, BrokerError> {
             }
         }
     }
-    Ok(axum::Json(json!({ "models": union.into_values().collect::<Vec<_>>() })).into_response())
+    Ok(merged(shared, &answered, json!({ "models": union.into_values().collect::<Vec<_>>() })))
 }
 
 pub(super) async fn ps(shared: &Shared) -> Result<Response, BrokerError> {
     let mut all = Vec::new();
-    for (node, v) in gather(shared, "/api/ps").await?.iter() {
+    let answered = gather(shared, "/api/ps").await?;
+    for (node, v) in answered.iter() {
         for mut m in entries(v, "models") {
             if let Some(obj) = m.as_object_mut() {
                 obj.insert("node".into(), Value::String(node.name().to_string()));
@@ -102,18 +139,19 @@ pub(super) async fn ps(shared: &Shared) -> Result<Response, BrokerError> {
             all.push(m);
         }
     }
-    Ok(axum::Json(json!({ "models": all })).into_response())
+    Ok(merged(shared, &answered, json!({ "models": all })))
 }
 
 pub(super) async fn v1_models(shared: &Shared) -> Result<Response, BrokerError> {
     let mut union: BTreeMap<String, Value> = BTreeMap::new();
-    for (_, v) in gather(shared, "/v1/models").await?.iter() {
+    let answered = gather(shared, "/v1/models").await?;
+    for (_, v) in answered.iter() {
         for m in entries(v, "data") {
             let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
             union.entry(crate::config::model_key(id).to_string()).or_insert(m);
         }
     }
-    Ok(axum::Json(json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })).into_response())
+    Ok(merged(shared, &answered, json!({ "object": "list", "data": union.into_values().collect::<Vec<_>>() })))
 }
 
 /// One entry of the merged `/v1/models` (`GET /v1/models/{model}`), or OpenAI's 404 for a
@@ -151,6 +189,9 @@ pub(super) async fn unload(shared: &Shared, path: &str, body: Bytes, model: &str
         .cloned()
         .collect();
     if nodes.is_empty() {
+        if !shared.registry.all().iter().any(|n| n.is_available()) {
+            return Err(no_node_up(&shared.registry, path));
+        }
         return Err(BrokerError::model_not_found(model));
     }
     let timeout = Duration::from_secs(10);
@@ -204,19 +245,16 @@ fn targets(
         return Ok(chosen);
     }
     let needs_model = matches!(path, "/api/delete" | "/api/copy");
-    let chosen: Vec<Arc<Node>> = all
-        .iter()
-        .filter(|n| n.is_available())
-        .filter(|n| !needs_model || model.is_none_or(|m| n.serves(m) != Some(false)))
-        .cloned()
-        .collect();
-    if chosen.is_empty() {
-        return Err(match (needs_model, model) {
-            (true, Some(m)) => BrokerError::model_not_found(m),
-            _ => BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() },
-        });
+    let up: Vec<&Arc<Node>> = all.iter().filter(|n| n.is_available()).collect();
+    if up.is_empty() {
+        return Err(no_node_up(&shared.registry, path));
     }
-    Ok(chosen)
+    let chosen: Vec<Arc<Node>> =
+        up.into_iter().filter(|n| !needs_model || model.is_none_or(|m| n.serves(m) != Some(false))).cloned().collect();
+    match model {
+        Some(m) if chosen.is_empty() => Err(BrokerError::model_not_found(m)),
+        _ => Ok(chosen),
+    }
 }
 
 /// `/api/pull`, `/api/delete`, `/api/copy`, `/api/create` (and blob uploads, `blob`) on several
