@@ -43,6 +43,9 @@ pub enum BrokerError {
     /// not count.
     #[error("model '{model}' not found: no configured node lists it{}; {}", unlisted_note(.unlisted), advice(.did_you_mean))]
     ModelNotFound { model: String, did_you_mean: Vec<String>, unlisted: Vec<String> },
+    /// `X-Corral-Node` (or a model operation) names a node the config does not have.
+    #[error("no node named \"{name}\"; nodes: {known}")]
+    UnknownNode { name: String, known: String },
     #[error("no route for {method} {path}: neither Ollama nor the OpenAI-compatible /v1 API has it (see docs/compatibility.md for every route Corral serves)")]
     UnknownRoute { method: String, path: String },
     /// A route Ollama has that Corral does not serve, and why.
@@ -123,6 +126,7 @@ impl BrokerError {
             Self::BadHeader { .. } => "bad_header",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::ModelNotFound { .. } => "model_not_found",
+            Self::UnknownNode { .. } => "unknown_node",
             Self::UnknownRoute { .. } => "unknown_route",
             Self::RouteNotServed { .. } => "route_not_served",
             Self::NoHealthyNode { .. } => "no_healthy_node",
@@ -159,6 +163,7 @@ impl BrokerError {
             | Self::BadModelName(_)
             | Self::UnknownCategory { .. }
             | Self::BadHeader { .. }
+            | Self::UnknownNode { .. }
             | Self::BodyRead(_)
             | Self::BadPath
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
@@ -351,6 +356,7 @@ mod tests {
             E::BadHeader { .. } => E::BadHeader { name: "x", reason: "".into() },
             E::BodyTooLarge { .. } => E::BodyTooLarge { limit: 1 },
             E::ModelNotFound { .. } => E::model_not_found(""),
+            E::UnknownNode { .. } => E::UnknownNode { name: "".into(), known: "".into() },
             E::UnknownRoute { .. } => E::UnknownRoute { method: "".into(), path: "".into() },
             E::RouteNotServed { .. } => E::RouteNotServed { method: "".into(), path: "".into(), why: "" },
             E::NoHealthyNode { .. } => E::NoHealthyNode { model: "".into() },

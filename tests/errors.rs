@@ -1,13 +1,14 @@
 //! The errors a person meets in the first minutes, each as the client sees it (status, code,
 //! the sentence), as the request store records it, and as `corral models` prints it: a mistyped
-//! model while a node is down, and every node down under the merged lists.
+//! model while a node is down, every node down under the merged lists, a pull onto a node that
+//! is down, and a node name that does not exist.
 
 mod common;
 
 use std::time::Duration;
 
 use common::process::BIN;
-use common::{cluster, Cluster};
+use common::{cluster, ndjson, Cluster};
 use corral::config::ProviderConfig;
 use corral::sim::SimNode;
 use corral::store::{Query, RequestRow};
@@ -170,4 +171,104 @@ async fn a_merged_list_names_the_nodes_it_lacks() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("llama3.2") && out.contains("n0"), "{out}");
     assert!(err.contains("not listed: the models of n1"), "{err}");
+}
+
+#[tokio::test]
+async fn a_pull_onto_a_dead_node_names_it_and_is_recorded_as_failed() {
+    let c = cluster(2).start().await;
+    stopped(&c.sims[1]).await;
+    let pull = |nodes: &'static str| {
+        c.client.post(c.url("/api/pull")).header("x-corral-node", nodes).json(&json!({"model": "qwen3:4b"})).send()
+    };
+
+    // Nothing was done anywhere: no 200, and the sentence names the node and why.
+    let r = pull("n1").await.expect("answer");
+    let id = request_id(&r);
+    assert_eq!(r.status(), 503, "nothing was pulled: not a 200 with an error inside");
+    assert_eq!(r.headers()["x-corral-forwarded"], "false");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "no_node_reachable", "{v}");
+    assert_eq!(v["error"], "pull failed on 1 of 1 nodes: node n1 is down: connection refused", "{v}");
+    let row = record(&c, &id).await;
+    assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("error", Some("no_node_reachable")), "{row:?}");
+    assert_eq!(row.failed_attempts.len(), 1, "{row:?}");
+    assert_eq!(
+        (row.failed_attempts[0].node.as_str(), row.failed_attempts[0].outcome.as_str()),
+        ("n1", "connect_failed")
+    );
+
+    // One node pulls, the other is down: the stream runs, ends in one error naming n1, and the
+    // record says the operation failed.
+    let r = pull("n0,n1").await.expect("answer");
+    let id = request_id(&r);
+    assert_eq!(r.status(), 200, "n0 is at work");
+    let lines = ndjson(&r.text().await.expect("body"));
+    let last = lines.last().expect("a final line");
+    assert_eq!(last["error"], "pull failed on 1 of 2 nodes: node n1 is down: connection refused", "{lines:?}");
+    assert!(lines.iter().any(|l| l["status"] == "node n1 is down: connection refused"), "{lines:?}");
+    let row = record(&c, &id).await;
+    assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("error", Some("upstream_failed")), "{row:?}");
+    assert_eq!(row.node.as_deref(), Some("n0"), "the node that did pull");
+    assert!(c.sims[0].models().contains(&"qwen3:4b".to_string()));
+
+    // The admin API's pull (the UI's) and `corral models pull` say the same, and are recorded.
+    let r = c
+        .admin(reqwest::Method::POST, "/admin/models/pull")
+        .json(&json!({"name": "qwen3:4b", "nodes": ["n1"]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"], "pull failed on 1 of 1 nodes: node n1 is down: connection refused", "{v}");
+    let store = c.broker.shared().telemetry.store().expect("store on").clone();
+    let mut admin_row = None;
+    for _ in 0..500 {
+        let rows = store.requests(&Query::default()).await.expect("query");
+        admin_row = rows.into_iter().find(|r| r.origin == "admin" && r.status != "running");
+        if admin_row.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let admin_row = admin_row.expect("the admin pull is recorded");
+    assert_eq!((admin_row.endpoint.as_str(), admin_row.status.as_str()), ("/api/pull", "error"), "{admin_row:?}");
+    let (code, out, err) = corral(args(&["models", "--url", &c.url(""), "pull", "qwen3:4b", "--nodes", "n1"])).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("node n1 is down: connection refused"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unknown_node_name_is_400_naming_the_nodes_there_are() {
+    let c = cluster(2).start().await;
+    let r = c
+        .client
+        .post(c.url("/api/pull"))
+        .header("x-corral-node", "n0,gpu9")
+        .json(&json!({"model": "qwen3:4b"}))
+        .send()
+        .await
+        .expect("answer");
+    let id = request_id(&r);
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "unknown_node", "{v}");
+    assert_eq!(v["error"], "no node named \"gpu9\"; nodes: n0, n1", "{v}");
+    let row = record(&c, &id).await;
+    assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("client_error", Some("unknown_node")));
+    assert!(!c.sims[0].models().contains(&"qwen3:4b".to_string()), "refused before anything started");
+
+    let r = c
+        .admin(reqwest::Method::POST, "/admin/models/pull")
+        .json(&json!({"name": "qwen3:4b", "nodes": ["gpu9"]}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"], "no node named \"gpu9\"; nodes: n0, n1");
+
+    let (code, out, err) = corral(args(&["models", "--url", &c.url(""), "pull", "qwen3:4b", "--nodes", "gpu9"])).await;
+    assert_eq!(code, 2, "a usage error: {out}{err}");
+    assert!(err.contains("no node named \"gpu9\"; nodes: n0, n1"), "{err}");
+    assert!(!err.contains("invalid header"), "{err}");
 }

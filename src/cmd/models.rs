@@ -102,7 +102,7 @@ pub async fn pull(base: &str, model: &str, nodes: &[String]) -> ExitCode {
     if !resp.status().is_success() {
         let v: Value = resp.json().await.unwrap_or_default();
         eprintln!("error: {}", v["error"].as_str().unwrap_or("pull refused"));
-        return ExitCode::from(if v["code"] == "bad_header" { 2 } else { 1 });
+        return ExitCode::from(if matches!(v["code"].as_str(), Some("bad_header" | "unknown_node")) { 2 } else { 1 });
     }
     let multi = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {msg}")
