@@ -222,7 +222,7 @@ impl Admission {
         let model = ticket.model.as_deref();
         let none_healthy = || BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() };
         let mut nodes = route::candidates(&self.registry, model, &ticket.tried).map_err(|why| match (why, model) {
-            (NoCandidate::UnknownModel, Some(m)) => BrokerError::ModelNotFound(m.to_string()),
+            (NoCandidate::UnknownModel, Some(m)) => BrokerError::model_not_found(m),
             _ => none_healthy(),
         })?;
         nodes.retain(|n| !ticket.excluded.iter().any(|x| Arc::ptr_eq(x, n)));

@@ -38,8 +38,14 @@ pub enum BrokerError {
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
     /// Ollama's own words (`model 'x' not found`): its CLI and clients match on "not found".
-    #[error("model '{0}' not found: no configured node lists it; pull it onto a node first")]
-    ModelNotFound(String),
+    /// `did_you_mean`: the closest names the cluster knows (see `catalog`); `unlisted`: nodes
+    /// that are down and never listed their models ("gpu1 is down"), which the answer could
+    /// not count.
+    #[error("model '{model}' not found: no configured node lists it{}; {}", unlisted_note(.unlisted), advice(.did_you_mean))]
+    ModelNotFound { model: String, did_you_mean: Vec<String>, unlisted: Vec<String> },
+    /// `X-Corral-Node` (or a model operation) names a node the config does not have.
+    #[error("no node named \"{name}\"; nodes: {known}")]
+    UnknownNode { name: String, known: String },
     #[error("no route for {method} {path}: neither Ollama nor the OpenAI-compatible /v1 API has it (see docs/compatibility.md for every route Corral serves)")]
     UnknownRoute { method: String, path: String },
     /// A route Ollama has that Corral does not serve, and why.
@@ -49,6 +55,10 @@ pub enum BrokerError {
     NoHealthyNode { model: String },
     #[error("no node could be reached for this request ({detail})")]
     NoNodeReachable { detail: String },
+    /// Nothing to ask at all: every node is down, disabled or draining (an answer merged from
+    /// the nodes, or a model operation with no node named). `nodes` says which is which.
+    #[error("no node is up to answer {what}: {nodes}; try again when one is back")]
+    NoNodeUp { what: String, nodes: String },
     #[error("the broker's queue is full ({depth} requests, {bytes} bytes waiting); try again shortly")]
     QueueFull { depth: usize, bytes: usize },
     #[error("the prompt is about {estimated} tokens but the model runs with a context of {limit} tokens and the request says \"truncate\": false; shorten it, raise options.num_ctx, or allow truncation")]
@@ -115,11 +125,13 @@ impl BrokerError {
             Self::UnknownCategory { .. } => "unknown_category",
             Self::BadHeader { .. } => "bad_header",
             Self::BodyTooLarge { .. } => "body_too_large",
-            Self::ModelNotFound(_) => "model_not_found",
+            Self::ModelNotFound { .. } => "model_not_found",
+            Self::UnknownNode { .. } => "unknown_node",
             Self::UnknownRoute { .. } => "unknown_route",
             Self::RouteNotServed { .. } => "route_not_served",
             Self::NoHealthyNode { .. } => "no_healthy_node",
             Self::NoNodeReachable { .. } => "no_node_reachable",
+            Self::NoNodeUp { .. } => "no_node_up",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::QueueFull { .. } => "queue_full",
             Self::ContextTooLong { .. } => "context_too_long",
@@ -151,6 +163,7 @@ impl BrokerError {
             | Self::BadModelName(_)
             | Self::UnknownCategory { .. }
             | Self::BadHeader { .. }
+            | Self::UnknownNode { .. }
             | Self::BodyRead(_)
             | Self::BadPath
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
@@ -163,10 +176,11 @@ impl BrokerError {
             Self::QueueFull { .. } | Self::CloudRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::ModelNotFound(_) | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
+            Self::ModelNotFound { .. } | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
             Self::RouteNotServed { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::NoHealthyNode { .. }
             | Self::NoNodeReachable { .. }
+            | Self::NoNodeUp { .. }
             | Self::QueueTimeout { .. }
             | Self::ClusterBusy
             | Self::CloudNotAllowed { .. }
@@ -223,13 +237,47 @@ impl BrokerError {
         }
     }
 
-    /// JSON body in Ollama's error shape plus Corral's fields.
+    /// A model no node lists, with nothing known yet to suggest instead.
+    pub fn model_not_found(model: impl Into<String>) -> Self {
+        Self::ModelNotFound { model: model.into(), did_you_mean: Vec::new(), unlisted: Vec::new() }
+    }
+
+    /// JSON body in Ollama's error shape plus Corral's fields (`did_you_mean` for
+    /// `model_not_found`: the names also in the sentence, for programs).
     pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "error": self.to_string(),
             "code": self.code(),
             "forwarded": self.forwarded(),
-        })
+        });
+        if let Self::ModelNotFound { did_you_mean, .. } = self {
+            body["did_you_mean"] = serde_json::json!(did_you_mean);
+        }
+        body
+    }
+}
+
+/// " (gpu1 is down and has not listed its models yet)", or nothing; each entry of `unlisted`
+/// says a node and its state ("gpu1 is down").
+fn unlisted_note(unlisted: &[String]) -> String {
+    match unlisted {
+        [] => String::new(),
+        [one] => format!(" ({one} and has not listed its models yet)"),
+        many => format!(" ({}; none of them has listed its models yet)", many.join(", ")),
+    }
+}
+
+/// "did you mean llama3.2?" (up to three names), else the way to get the model.
+fn advice(did_you_mean: &[String]) -> String {
+    did_you_mean_sentence(did_you_mean).unwrap_or_else(|| "pull it onto a node first".to_string())
+}
+
+/// "did you mean llama3.2?", "did you mean a, b or c?"; `None` for no names.
+pub fn did_you_mean_sentence(names: &[String]) -> Option<String> {
+    match names {
+        [] => None,
+        [one] => Some(format!("did you mean {one}?")),
+        [rest @ .., last] => Some(format!("did you mean {} or {last}?", rest.join(", "))),
     }
 }
 
@@ -307,11 +355,13 @@ mod tests {
             E::UnknownCategory { .. } => E::UnknownCategory { name: "".into(), known: "".into() },
             E::BadHeader { .. } => E::BadHeader { name: "x", reason: "".into() },
             E::BodyTooLarge { .. } => E::BodyTooLarge { limit: 1 },
-            E::ModelNotFound(_) => E::ModelNotFound("".into()),
+            E::ModelNotFound { .. } => E::model_not_found(""),
+            E::UnknownNode { .. } => E::UnknownNode { name: "".into(), known: "".into() },
             E::UnknownRoute { .. } => E::UnknownRoute { method: "".into(), path: "".into() },
             E::RouteNotServed { .. } => E::RouteNotServed { method: "".into(), path: "".into(), why: "" },
             E::NoHealthyNode { .. } => E::NoHealthyNode { model: "".into() },
             E::NoNodeReachable { .. } => E::NoNodeReachable { detail: "".into() },
+            E::NoNodeUp { .. } => E::NoNodeUp { what: "".into(), nodes: "".into() },
             E::QueueFull { .. } => E::QueueFull { depth: 0, bytes: 0 },
             E::ContextTooLong { .. } => E::ContextTooLong { estimated: 0, limit: 0 },
             E::QueueTimeout { .. } => E::QueueTimeout { waited_ms: 0 },
@@ -368,6 +418,29 @@ mod tests {
             !r.headers().contains_key("x-corral-forwarded"),
             "a forwarded request must not claim it was not executed"
         );
+    }
+
+    #[test]
+    fn a_model_nobody_lists_says_what_was_meant_and_what_could_not_be_counted() {
+        let e = |did_you_mean: &[&str], unlisted: &[&str]| BrokerError::ModelNotFound {
+            model: "llama3.3".into(),
+            did_you_mean: did_you_mean.iter().map(|s| s.to_string()).collect(),
+            unlisted: unlisted.iter().map(|s| s.to_string()).collect(),
+        };
+        assert_eq!(
+            e(&[], &[]).to_string(),
+            "model 'llama3.3' not found: no configured node lists it; pull it onto a node first"
+        );
+        assert_eq!(
+            e(&["llama3.2"], &["gpu1 is down"]).to_string(),
+            "model 'llama3.3' not found: no configured node lists it (gpu1 is down and has not listed its models yet); did you mean llama3.2?"
+        );
+        assert_eq!(
+            e(&["a", "b", "c"], &["gpu1 is down", "gpu2 is disabled"]).to_string(),
+            "model 'llama3.3' not found: no configured node lists it (gpu1 is down, gpu2 is disabled; none of them has listed its models yet); did you mean a, b or c?"
+        );
+        assert_eq!(e(&["llama3.2"], &[]).body()["did_you_mean"], serde_json::json!(["llama3.2"]));
+        assert!(BrokerError::MissingModel.body().get("did_you_mean").is_none(), "only where a model was named");
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod alerts;
 pub mod bench;
 pub mod breaker;
 pub mod broker;
+pub mod catalog;
 pub mod charts;
 pub mod clients;
 pub mod cloud;

@@ -38,7 +38,9 @@ use crate::node::{Node, Registry};
 /// Why no candidate could be found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoCandidate {
-    /// No configured node lists the model.
+    /// No configured node lists the model, whatever its health (its last known list). Nodes
+    /// that are down and never listed their models do not count, unless no node's list is known
+    /// at all; nodes without a list that are up, disabled or draining may have it.
     UnknownModel,
     /// Nodes that have the model exist, but none is active and up.
     NoneAvailable,
@@ -54,13 +56,21 @@ pub fn candidates(
 ) -> Result<Vec<Arc<Node>>, NoCandidate> {
     let all = registry.all();
     let key = model.map(crate::config::model_key);
-    let (mut serving, mut available) = (0usize, 0usize);
+    let (mut serving, mut available, mut unlisted_out, mut listed) = (0usize, 0usize, 0usize, false);
     let mut last_available = None;
     let mut fresh = Vec::with_capacity(all.len());
     for n in all.iter() {
-        // A node whose model list is not known yet may have it.
-        if key.as_deref().is_some_and(|k| n.serves_key(k) == Some(false)) {
-            continue;
+        let serves = key.as_deref().map(|k| n.serves_key(k));
+        listed |= serves.is_some_and(|s| s.is_some());
+        match serves {
+            Some(Some(false)) => continue,
+            // A node whose model list is not known yet may have it; one that is down (not
+            // one an operator disabled or drains) is counted below.
+            Some(None) if n.state() == crate::node::NodeState::Unhealthy => {
+                unlisted_out += 1;
+                continue;
+            }
+            _ => {}
         }
         serving += 1;
         if !n.is_available() {
@@ -73,6 +83,8 @@ pub fn candidates(
         }
     }
     match (serving, available, last_available) {
+        // With no node's list known there is nothing to call the model unknown against.
+        (0, _, _) if unlisted_out > 0 && !listed => Err(NoCandidate::NoneAvailable),
         (0, _, _) => Err(NoCandidate::UnknownModel),
         (_, 0, _) => Err(NoCandidate::NoneAvailable),
         _ if !fresh.is_empty() => Ok(fresh),
@@ -534,6 +546,37 @@ mod tests {
         assert_eq!(candidates(&reg, Some("zzz"), &[]).err(), Some(NoCandidate::UnknownModel));
         nodes[0].try_dispatch(false).expect("slot").judge(Outcome::ConnectFailed);
         assert_eq!(candidates(&reg, Some("a"), &[]).err(), Some(NoCandidate::NoneAvailable));
+    }
+
+    #[test]
+    fn a_down_node_that_never_listed_its_models_does_not_hide_a_typo() {
+        let reg = registry(2);
+        let nodes = reg.all();
+        nodes[1].record_probe(false, 1, 1);
+        assert_eq!(candidates(&reg, Some("a"), &[]).map(|c| c.len()), Ok(1), "n0 is up and may have it");
+        nodes[0].record_probe(false, 1, 1);
+        assert_eq!(
+            candidates(&reg, Some("a"), &[]).err(),
+            Some(NoCandidate::NoneAvailable),
+            "no list known anywhere: a node that is down may have it"
+        );
+        nodes[0].set_models(["a".to_string()]);
+        assert_eq!(
+            candidates(&reg, Some("a"), &[]).err(),
+            Some(NoCandidate::NoneAvailable),
+            "listed by a node that is down: 503, not 404"
+        );
+        assert_eq!(
+            candidates(&reg, Some("b"), &[]).err(),
+            Some(NoCandidate::UnknownModel),
+            "listed nowhere, whatever the health, though n1's list is not known"
+        );
+        nodes[1].set_enabled(false);
+        assert_eq!(
+            candidates(&reg, Some("b"), &[]).err(),
+            Some(NoCandidate::NoneAvailable),
+            "a disabled node may have it: the operator took it out, not a failure"
+        );
     }
 
     #[test]

@@ -263,7 +263,7 @@ async fn pull_goes_to_the_named_nodes_with_per_node_progress() {
         .await
         .expect("answer");
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<Value>().await.expect("json")["code"], "bad_header");
+    assert_eq!(r.json::<Value>().await.expect("json")["code"], "unknown_node");
     // Delete from every node that has it.
     let r = c.client.delete(c.url("/api/delete")).json(&json!({"model": "qwen3:4b"})).send().await.expect("answer");
     assert_eq!(r.status(), 200);

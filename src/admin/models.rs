@@ -1,6 +1,8 @@
 //! `/admin/models/pull`: pull a model onto chosen nodes (all serving nodes when none are
-//! named), streaming each node's progress as NDJSON. Unknown node names are refused before
-//! anything starts; the pulling itself is the proxy's fan-out.
+//! named), streaming each node's progress as NDJSON. The pulling itself is the proxy's fan-out,
+//! recorded like a client's pull: an unknown node name is refused before anything starts (400
+//! `unknown_node`, naming the nodes there are), and a pull no node could start is one JSON error
+//! naming each node and why (503 `no_node_reachable` when none could be reached).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -21,10 +23,5 @@ struct PullRequest {
 /// node's progress as NDJSON lines (`{"node": ..., "status": ..., "completed": ..., "total": ...}`).
 pub(super) async fn pull_model(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Response, AdminError> {
     let req: PullRequest = parse(&body)?;
-    for n in &req.nodes {
-        if s.shared.registry.get(n).is_none() {
-            return Err(AdminError::NotFound { kind: "node", name: n.clone() });
-        }
-    }
     Ok(pull(&s.shared, &req.name, &req.nodes).await.into_response())
 }

@@ -299,7 +299,7 @@ pub fn show(config: &Config, category: &CategoryConfig, model: &str, local: &Bro
     if category.cloud == CloudPermission::Never {
         return None;
     }
-    if matches!(local, BrokerError::ModelNotFound(_)) && !mapped_by_a_provider(config, category, model) {
+    if matches!(local, BrokerError::ModelNotFound { .. }) && !mapped_by_a_provider(config, category, model) {
         return None;
     }
     let p = category.providers.iter().find_map(|n| config.providers.iter().find(|p| &p.name == n))?;
@@ -381,7 +381,7 @@ impl Clients {
 pub fn is_trigger(e: &BrokerError) -> bool {
     matches!(
         e,
-        BrokerError::ModelNotFound(_)
+        BrokerError::ModelNotFound { .. }
             | BrokerError::NoHealthyNode { .. }
             | BrokerError::NoNodeReachable { .. }
             | BrokerError::QueueTimeout { .. }
@@ -435,12 +435,12 @@ pub async fn fall_back(
 ) -> Result<Fallback, BrokerError> {
     // A model no node has goes to the cloud only where a provider names it: a typo must never
     // turn into a paid call with the organisation's key.
-    if matches!(local, BrokerError::ModelNotFound(_)) && !mapped_by_a_provider(config, req.category, req.model) {
+    if matches!(local, BrokerError::ModelNotFound { .. }) && !mapped_by_a_provider(config, req.category, req.model) {
         return Err(local);
     }
     if req.category.cloud == CloudPermission::Never || req.category.providers.is_empty() {
         // A model nobody here has is a 404 whatever the category: clearer than "no cloud".
-        if config.providers.is_empty() || matches!(local, BrokerError::ModelNotFound(_)) {
+        if config.providers.is_empty() || matches!(local, BrokerError::ModelNotFound { .. }) {
             return Err(local);
         }
         return Err(BrokerError::CloudNotAllowed {

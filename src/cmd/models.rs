@@ -10,14 +10,31 @@ use futures_util::StreamExt;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::Value;
 
-async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
-    let r = client.get(url).send().await.map_err(|e| format!("cannot reach {url}: {e}"))?;
+/// A merged list from the broker, with the nodes it lacks (`X-Corral-Missing-Nodes`).
+struct Listed {
+    body: Value,
+    missing: Option<String>,
+}
+
+/// Why a list could not be had: nothing answers at `url` (is Corral running?), or Corral
+/// answered with an error of its own (every node down, say), which is said as it is.
+async fn get_json(client: &reqwest::Client, url: &str) -> Result<Listed, String> {
+    let r = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("cannot reach {url}: {e}; is Corral running? (corral serve, or --url)"))?;
     let status = r.status();
+    let missing = r.headers().get("x-corral-missing-nodes").and_then(|v| v.to_str().ok()).map(str::to_string);
     let v: Value = r.json().await.map_err(|e| format!("{url} answered no JSON: {e}"))?;
     if !status.is_success() {
-        return Err(format!("{url}: {}", v["error"].as_str().unwrap_or("error")));
+        let said = v["error"].as_str().unwrap_or("error");
+        if v["code"] == "no_node_up" {
+            return Err(format!("Corral is running, but {said} (corral status shows each node's state)"));
+        }
+        return Err(format!("{url}: {said}"));
     }
-    Ok(v)
+    Ok(Listed { body: v, missing })
 }
 
 /// Print a table: one row per model and node.
@@ -27,10 +44,12 @@ pub async fn list(base: &str) -> ExitCode {
     let (tags, ps) = match tokio::try_join!(get_json(&client, &tags_url), get_json(&client, &ps_url)) {
         Ok(both) => both,
         Err(e) => {
-            eprintln!("error: {e}; is Corral running? (corral serve, or --url)");
+            eprintln!("error: {e}");
             return ExitCode::from(1);
         }
     };
+    let missing = tags.missing.clone();
+    let (tags, ps) = (tags.body, ps.body);
     // (model, node) -> (size, size_vram) for loaded ones.
     let mut loaded: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
     for m in ps["models"].as_array().into_iter().flatten() {
@@ -58,6 +77,11 @@ pub async fn list(base: &str) -> ExitCode {
         };
         println!("{model:<32} {node:<16} {state}");
     }
+    if let Some(nodes) = missing {
+        eprintln!(
+            "note: not listed: the models of {nodes} (down, disabled or not answering; corral status shows which)"
+        );
+    }
     ExitCode::SUCCESS
 }
 
@@ -78,7 +102,7 @@ pub async fn pull(base: &str, model: &str, nodes: &[String]) -> ExitCode {
     if !resp.status().is_success() {
         let v: Value = resp.json().await.unwrap_or_default();
         eprintln!("error: {}", v["error"].as_str().unwrap_or("pull refused"));
-        return ExitCode::from(if v["code"] == "bad_header" { 2 } else { 1 });
+        return ExitCode::from(if matches!(v["code"].as_str(), Some("bad_header" | "unknown_node")) { 2 } else { 1 });
     }
     let multi = MultiProgress::new();
     let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {bytes}/{total_bytes} {msg}")

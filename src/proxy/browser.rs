@@ -67,7 +67,7 @@ const ALLOW_METHODS: &str = "GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS";
 
 /// Response headers a page may read: Corral's own (which node answered, how many attempts).
 const EXPOSE_HEADERS: &str = "X-Request-Id, X-Corral-Request-Id, X-Corral-Node, X-Corral-Attempts, X-Corral-Fallback, \
-X-Corral-Forwarded, X-Corral-Context-Warning";
+X-Corral-Forwarded, X-Corral-Context-Warning, X-Corral-Missing-Nodes";
 
 /// How long a browser may cache a preflight answer (gin-contrib/cors' default, 12 hours).
 const MAX_AGE_SECS: &str = "43200";

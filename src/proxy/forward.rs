@@ -229,7 +229,7 @@ fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
 fn summarize(failures: &[(String, AttemptFailed)], model: Option<&str>) -> BrokerError {
     let attempts = failures.len() as u32;
     if let (Some(m), true) = (model, failures.iter().all(|(_, f)| f.outcome == Outcome::ModelMissing)) {
-        return BrokerError::ModelNotFound(m.to_string());
+        return BrokerError::model_not_found(m);
     }
     let detail = failures.iter().map(|(n, f)| format!("{n}: {}", f.detail)).collect::<Vec<_>>().join("; ");
     let reached = failures.iter().any(|(_, f)| f.outcome != Outcome::ConnectFailed);

@@ -247,6 +247,7 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => {
+            let e = explained(&state.shared, trace.as_ref().map(|t| t.row.category.as_str()), e);
             if let Some(mut t) = trace.take() {
                 t.row.attempts = i64::from(attempts);
                 t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
@@ -260,6 +261,23 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
         t.finish(status_for(status), Some(status), None);
     }
     (response, attempts)
+}
+
+/// A `model_not_found` from below, completed with what the cluster knows: the closest names
+/// any node lists (whatever its health now) or the request's category may send to a provider
+/// ("did you mean"), and the nodes that are down and never listed their models.
+fn explained(shared: &Shared, category: Option<&str>, e: BrokerError) -> BrokerError {
+    let BrokerError::ModelNotFound { model, .. } = e else { return e };
+    let config = shared.config();
+    let cat = category.and_then(|c| config.category(c)).filter(|c| c.may_fall_back());
+    let mapped = config
+        .providers
+        .iter()
+        .filter(|p| cat.is_some_and(|c| c.providers.contains(&p.name)))
+        .flat_map(|p| p.model_map.keys().map(String::as_str));
+    let known = crate::catalog::known_models(&shared.registry, mapped);
+    let did_you_mean = crate::catalog::closest(&model, &known);
+    BrokerError::ModelNotFound { did_you_mean, unlisted: crate::catalog::unlisted(&shared.registry), model }
 }
 
 async fn serve(
@@ -284,7 +302,7 @@ async fn serve(
         .await
         .map_err(|e| (e, 0))?;
     let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
-    if let Some(answer) = answered_without_forwarding(shared, endpoint, &parts, &asked, &body).await {
+    if let Some(answer) = answered_without_forwarding(shared, endpoint, &parts, &asked, &body, trace).await {
         return answer.map_err(|e| (e, 0));
     }
     // Only a body with no text can be a load or unload: a chat is not parsed a second time.
@@ -372,6 +390,7 @@ async fn answered_without_forwarding(
     parts: &http::request::Parts,
     asked: &Asked,
     body: &axum::body::Bytes,
+    trace: &mut Option<Trace>,
 ) -> Option<Result<Response, BrokerError>> {
     let model = asked.model.as_deref();
     Some(match endpoint {
@@ -381,7 +400,8 @@ async fn answered_without_forwarding(
         Endpoint::V1Model => fanout::v1_model(shared, model.unwrap_or_default()).await,
         Endpoint::ModelOp | Endpoint::Blob => {
             let (method, path, headers) = (&parts.method, parts.uri.path(), &parts.headers);
-            fanout::model_op(shared, method, path, headers, body.clone(), model, asked.queue_timeout).await
+            let op = fanout::ModelOp { method, path, headers, model, wait: asked.queue_timeout };
+            fanout::model_op(shared, op, body.clone(), trace).await
         }
         Endpoint::Model if parts.uri.path() == "/api/show" => Ok(show_on_openai(shared, model?).await?),
         _ => return None,
@@ -557,9 +577,22 @@ pub async fn pull(shared: &Shared, model: &str, nodes: &[String]) -> Response {
     }
     let body = axum::body::Bytes::from(serde_json::json!({ "model": model, "stream": true }).to_string());
     let wait = Duration::from_millis(shared.config().category("default").map_or(30_000, |c| c.queue_timeout_ms));
-    match fanout::model_op(shared, &Method::POST, "/api/pull", &headers, body, Some(model), wait).await {
+    // Recorded like a client's pull, from the admin API's own origin.
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut trace = Some(shared.telemetry.begin(&id, "/api/pull", "admin", None));
+    if let Some(t) = trace.as_mut() {
+        t.row.model = model.to_string();
+        t.row.streamed = true;
+    }
+    let op = fanout::ModelOp { method: &Method::POST, path: "/api/pull", headers: &headers, model: Some(model), wait };
+    match fanout::model_op(shared, op, body, &mut trace).await {
         Ok(r) => r,
-        Err(e) => e.into_response(),
+        Err(e) => {
+            if let Some(t) = trace.take() {
+                t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
+            }
+            e.into_response()
+        }
     }
 }
 
