@@ -12,9 +12,9 @@
 
 use axum::body::Bytes;
 use futures_util::future::BoxFuture;
-use serde::Deserialize;
 
 use crate::node::InFlight;
+use crate::upstream::assemble::Line;
 use crate::upstream::Answer;
 
 /// Asks another node to continue, given the text the client has: its answer up to the first
@@ -34,23 +34,6 @@ pub(crate) struct Resume {
     usable: bool,
     /// The node continuing the answer, once one is.
     pub continued_by: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Line<'a> {
-    #[serde(borrow)]
-    message: Option<Message<'a>>,
-    #[serde(default)]
-    done: bool,
-}
-
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow)]
-    thinking: Option<std::borrow::Cow<'a, str>>,
-    tool_calls: Option<serde::de::IgnoredAny>,
 }
 
 impl Resume {

@@ -364,29 +364,33 @@ impl SseAssembler {
     }
 }
 
-/// What one line of the stream adds to the answer.
+/// What one line of an Ollama stream says, borrowed from the line (also read by the proxy to
+/// follow a stream it may continue).
 #[derive(Deserialize)]
-struct Line<'a> {
+pub(crate) struct Line<'a> {
     #[serde(borrow)]
-    message: Option<LineText<'a>>,
+    pub message: Option<LineText<'a>>,
     #[serde(borrow)]
-    response: Option<std::borrow::Cow<'a, str>>,
+    pub response: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
-    thinking: Option<std::borrow::Cow<'a, str>>,
+    pub thinking: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
-    logprobs: Option<Vec<&'a RawValue>>,
+    pub logprobs: Option<Vec<&'a RawValue>>,
     #[serde(borrow)]
-    error: Option<std::borrow::Cow<'a, str>>,
+    pub error: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    pub done: bool,
 }
 
+/// A line's `message`.
 #[derive(Deserialize)]
-struct LineText<'a> {
+pub(crate) struct LineText<'a> {
     #[serde(borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
+    pub content: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
-    thinking: Option<std::borrow::Cow<'a, str>>,
+    pub thinking: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
-    tool_calls: Option<Vec<&'a RawValue>>,
+    pub tool_calls: Option<Vec<&'a RawValue>>,
 }
 
 /// The answer so far: joined text, gathered lists, and the last line as it came.
