@@ -52,8 +52,15 @@ pub struct Alerts {
     failovers: VecDeque<Instant>,
     storm_until: Option<Instant>,
     in_fallback: bool,
-    /// Node states already announced, so a repeat of the same state says nothing.
-    announced: HashMap<String, bool>,
+    /// Node states already announced (down or not), so a repeat of the same state says
+    /// nothing; for a down node, since when (unix ms) and why, for the "back" notice.
+    announced: HashMap<String, Announced>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Announced {
+    Up,
+    Down { at_ms: i64, reason: String },
 }
 
 impl Alerts {
@@ -96,7 +103,7 @@ impl Alerts {
     /// The notices `event` calls for, before muting and rate limits.
     fn judge(&mut self, event: &Event, now: Instant) -> Vec<Notice> {
         match event {
-            Event::NodeState { node, from, to, reason, .. } => self.node_state(node, *from, *to, reason),
+            Event::NodeState { node, from, to, reason, at } => self.node_state(node, *from, *to, reason, *at),
             Event::Request(row) => {
                 let mut out = Vec::new();
                 out.extend(self.storm(row, now));
@@ -120,30 +127,34 @@ impl Alerts {
         }
     }
 
-    /// Down, or back from down; once per change, so a repeated state says nothing.
-    fn node_state(&mut self, node: &str, from: NodeState, to: NodeState, reason: &str) -> Vec<Notice> {
+    /// Down, or back from down; once per change, so a repeated state says nothing. The down
+    /// notice says why ("connection refused at http://..."); the back notice how long it was
+    /// down and why.
+    fn node_state(&mut self, node: &str, from: NodeState, to: NodeState, reason: &str, at: i64) -> Vec<Notice> {
         let down = to == NodeState::Unhealthy;
         let up = matches!(to, NodeState::Healthy | NodeState::Recovering) && from == NodeState::Unhealthy;
-        if !(down || up) || self.announced.get(node) == Some(&down) {
+        let was_down = matches!(self.announced.get(node), Some(Announced::Down { .. }));
+        if !(down || up) || (was_down == down && self.announced.contains_key(node)) {
             return Vec::new();
         }
-        self.announced.insert(node.to_string(), down);
-        let notice = if down {
-            Notice {
-                subject: format!("node:{node}"),
+        let subject = format!("node:{node}");
+        if down {
+            self.announced.insert(node.to_string(), Announced::Down { at_ms: at, reason: reason.to_string() });
+            return vec![Notice {
+                subject,
                 summary: format!("Node {node} is down"),
-                body: format!("Its requests go to the other nodes. {reason}"),
+                body: format!("{}. Its requests go to the other nodes.", sentence(reason)),
                 urgency: Urgency::Critical,
-            }
-        } else {
-            Notice {
-                subject: format!("node:{node}"),
-                summary: format!("Node {node} is back"),
-                body: "It takes a growing share of requests again.".into(),
-                urgency: Urgency::Normal,
-            }
+            }];
+        }
+        let body = match self.announced.insert(node.to_string(), Announced::Up) {
+            Some(Announced::Down { at_ms, reason }) => format!(
+                "Back after {} down ({reason}). It takes a growing share of requests again.",
+                crate::node::duration_text(at - at_ms)
+            ),
+            _ => "It takes a growing share of requests again.".into(),
         };
-        vec![notice]
+        vec![Notice { subject, summary: format!("Node {node} is back"), body, urgency: Urgency::Normal }]
     }
 
     /// `STORM_COUNT` failovers within `STORM_WINDOW` make a storm, told once per `STORM_QUIET`.
@@ -195,6 +206,16 @@ impl Alerts {
             }
             _ => None,
         }
+    }
+}
+
+/// A reason as the start of a sentence: first letter up, no trailing full stop.
+fn sentence(reason: &str) -> String {
+    let r = reason.trim().trim_end_matches('.');
+    let mut c = r.chars();
+    match c.next() {
+        Some(first) => first.to_uppercase().chain(c).collect(),
+        None => "No reason was given".into(),
     }
 }
 
@@ -306,6 +327,37 @@ mod tests {
         assert!(
             a.on_event(&state("gpu0", NodeState::Recovering, NodeState::Healthy), later).is_empty(),
             "recovering -> healthy is not news"
+        );
+    }
+
+    #[test]
+    fn down_says_why_and_back_says_how_long() {
+        let t = Instant::now();
+        let mut a = Alerts::new();
+        let down = Event::NodeState {
+            node: "gpu0".into(),
+            from: NodeState::Healthy,
+            to: NodeState::Unhealthy,
+            reason: "connection refused at http://10.0.0.6:11434".into(),
+            at: 1_000_000,
+        };
+        let n = a.on_event(&down, t);
+        assert_eq!(n.len(), 1);
+        assert_eq!(
+            n[0].body, "Connection refused at http://10.0.0.6:11434. Its requests go to the other nodes.",
+            "the notice names the cause and the address, not \"probes failed\""
+        );
+        let back = Event::NodeState {
+            node: "gpu0".into(),
+            from: NodeState::Unhealthy,
+            to: NodeState::Recovering,
+            reason: "probes answered again".into(),
+            at: 1_000_000 + 3 * 60_000 + 5_000,
+        };
+        let n = a.on_event(&back, t + Duration::from_secs(185));
+        assert_eq!(
+            n[0].body,
+            "Back after 3 min down (connection refused at http://10.0.0.6:11434). It takes a growing share of requests again."
         );
     }
 

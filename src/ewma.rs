@@ -36,6 +36,13 @@ impl PeakEwma {
         self.updated = Some(now);
     }
 
+    /// The estimate as of the last sample, undecayed, and when that sample came: what a person
+    /// is shown. The decay in `estimate` is a routing device (explore a node that was slow
+    /// once), not a measurement, so it must not reach a screen as "1 ms".
+    pub fn last(&self) -> Option<(Duration, Instant)> {
+        Some((Duration::from_nanos(self.estimate_ns? as u64), self.updated?))
+    }
+
     /// The current estimate, decayed towards zero while nothing is observed, so a node that
     /// was slow once gets tried again eventually.
     pub fn estimate(&self, now: Instant) -> Option<Duration> {
@@ -64,5 +71,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(60)).await;
         let est = e.estimate(Instant::now()).expect("estimate");
         assert!(est < Duration::from_millis(10), "an old estimate fades: {est:?}");
+        let (shown, _) = e.last().expect("a sample was seen");
+        assert!(shown.as_millis() >= 800, "what a person sees does not fade with idleness: {shown:?}");
     }
 }

@@ -23,13 +23,37 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HealthConfig;
+use crate::config::{redacted_url, HealthConfig};
 use crate::node::{Health, Node, Registry};
 use crate::upstream::Upstream;
 
 /// One liveness probe: did the node answer its liveness endpoint with a 2xx in time?
 pub async fn probe_liveness(client: &reqwest::Client, node: &Node, timeout: Duration) -> bool {
-    Upstream::node(node).liveness(client, timeout).await
+    check_liveness(client, node, timeout).await.is_ok()
+}
+
+/// One liveness probe, and when it fails the reason as node state shows it:
+/// "connection refused at http://10.0.0.6:11434", "timed out after 300 ms at ...",
+/// "HTTP 500 at ...: <what the body said>" (the URL redacted of credentials).
+pub async fn check_liveness(client: &reqwest::Client, node: &Node, timeout: Duration) -> Result<(), String> {
+    Upstream::node(node).liveness(client, timeout).await.map_err(|e| e.at(&redacted_url(&node.config.url)))
+}
+
+/// Liveness, then (when configured and the node has the model) readiness: the probe whose
+/// result feeds the hysteresis, with its reason.
+async fn probe_once(client: &reqwest::Client, node: &Node, cfg: &HealthConfig) -> Result<(), String> {
+    let timeout = Duration::from_millis(cfg.timeout_ms);
+    check_liveness(client, node, timeout).await?;
+    match &cfg.readiness_model {
+        Some(m) if node.serves(m) != Some(false) => {
+            let within = timeout.max(Duration::from_secs(30));
+            Upstream::node(node)
+                .readiness(client, m, within)
+                .await
+                .map_err(|e| format!("readiness probe ({m}): {}", e.at(&redacted_url(&node.config.url))))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// One deep probe: refresh the node's model list and loaded models. Returns whether it answered.
@@ -64,16 +88,8 @@ async fn warm_up(client: &reqwest::Client, node: &Node, models: &[String], timeo
 /// Probe one node once: liveness (+ readiness), and on (re)appearance the deep probe and warm-up.
 async fn check(client: &reqwest::Client, node: Arc<Node>, cfg: &HealthConfig) {
     let timeout = Duration::from_millis(cfg.timeout_ms);
-    let up = Upstream::node(&node);
-    let mut ok = up.liveness(client, timeout).await;
-    if ok {
-        if let Some(m) = &cfg.readiness_model {
-            if node.serves(m) != Some(false) {
-                ok = up.readiness(client, m, timeout.max(Duration::from_secs(30))).await;
-            }
-        }
-    }
-    let returning = ok && node.health() != Health::Healthy;
+    let result = probe_once(client, &node, cfg).await;
+    let returning = result.is_ok() && node.health() != Health::Healthy;
     if returning {
         // Learn its models and warm them before it takes traffic again.
         probe_deep(client, &node, timeout).await;
@@ -81,7 +97,18 @@ async fn check(client: &reqwest::Client, node: Arc<Node>, cfg: &HealthConfig) {
             warm_up(client, &node, &cfg.warm_models, Duration::from_secs(120)).await;
         }
     }
-    node.record_probe(ok, cfg.failures_to_down, cfg.successes_to_up);
+    node.record_probe_result(
+        result.as_ref().map(|_| ()).map_err(String::as_str),
+        cfg.failures_to_down,
+        cfg.successes_to_up,
+    );
+}
+
+/// Probe every node once now, as the schedule would: for tests and tools that drive probes
+/// explicitly instead of waiting for the timer.
+pub async fn probe_all(registry: &Registry, client: &reqwest::Client, cfg: &HealthConfig) {
+    let nodes = registry.all();
+    futures_util::future::join_all(nodes.iter().map(|n| check(client, Arc::clone(n), cfg))).await;
 }
 
 fn every(ms: u64) -> tokio::time::Interval {
@@ -118,10 +145,7 @@ pub async fn run(
                 tracing::info!(interval_ms = next.interval_ms, deep_interval_ms = next.deep_interval_ms, "probe schedule changed");
                 current = next;
             }
-            _ = live.tick() => {
-                let nodes = registry.all();
-                futures_util::future::join_all(nodes.iter().map(|n| check(&client, Arc::clone(n), &current))).await;
-            }
+            _ = live.tick() => probe_all(&registry, &client, &current).await,
             _ = deep.tick() => {
                 let timeout = Duration::from_millis(current.timeout_ms);
                 let nodes = registry.all();

@@ -10,12 +10,18 @@
 //! `slow_start` so it is not flooded), `draining` (operator: no new requests, in-flight ones
 //! finish) and `disabled`. The first four come from health, the last two from the operator.
 //!
+//! Every state carries why and since when (`Since`): the concrete cause a probe or request
+//! saw ("connection refused at http://10.0.0.6:11434") or the operator's action, and the wall
+//! time it began. A down node keeps its original "since" while the cause is refreshed by each
+//! failed probe. What a dead node last reported (loaded models, time to first byte) is kept
+//! with the time it was learned, so readers can show it as last-known, never as live.
+//!
 //! In-flight counting is a guard (`InFlight`) taken at dispatch and dropped when the answer's
 //! stream ends or is cancelled, so the count can never drift or go below zero. Dropping a
 //! guard wakes the admission queue.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -129,6 +135,33 @@ impl LoadedModel {
     }
 }
 
+/// Why a node is in its state, and since when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Since {
+    /// The concrete cause ("connection refused at http://10.0.0.6:11434") or the operator's act.
+    pub reason: String,
+    /// Unix milliseconds.
+    pub at_ms: i64,
+}
+
+impl Since {
+    fn now(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), at_ms: crate::store::now_ms() }
+    }
+}
+
+/// How long a state has lasted, as a person says it: "45 s", "3 min", "2 h 5 min", "3 d 4 h".
+pub fn duration_text(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min", s / 60),
+        3600..86_400 if s % 3600 / 60 == 0 => format!("{} h", s / 3600),
+        3600..86_400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
 /// Tunables a node's live state needs; from the `[health]` and `[breaker]` sections.
 #[derive(Debug, Clone, Copy)]
 pub struct NodeTuning {
@@ -179,11 +212,19 @@ pub struct Node {
     slow_start_ms: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
     ttfb: Mutex<PeakEwma>,
+    /// Unix ms of the last time-to-first-byte sample; 0 before the first.
+    ttfb_at_ms: AtomicI64,
+    /// Why and since when the node's health is what it is.
+    health_since: Mutex<Since>,
+    /// Why and since when the operator's setting is what it is.
+    admin_since: Mutex<Since>,
     /// Until when the node asked not to be sent more (its 429's `Retry-After`).
     held_until: Mutex<Option<Instant>>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
+    /// Unix ms of the last `/api/ps` answer that set `loaded`; 0 before the first.
+    loaded_at_ms: AtomicI64,
     /// Context length per model, learned from `/api/ps` and `/api/show`.
     context: ArcSwap<HashMap<String, u64>>,
     served: AtomicUsize,
@@ -226,6 +267,7 @@ impl Node {
         events: Events,
     ) -> Result<Self, url::ParseError> {
         let base_url = url::Url::parse(&config.url)?;
+        let admin_reason = if config.enabled { "enabled in the config" } else { "disabled in the config" };
         Ok(Self {
             admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
             weight: AtomicU32::new(config.weight.max(1)),
@@ -241,9 +283,13 @@ impl Node {
             slow_start_ms: std::sync::atomic::AtomicU64::new(tuning.slow_start.as_millis() as u64),
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
+            ttfb_at_ms: AtomicI64::new(0),
+            health_since: Mutex::new(Since::now("not probed yet")),
+            admin_since: Mutex::new(Since::now(admin_reason)),
             held_until: Mutex::new(None),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
+            loaded_at_ms: AtomicI64::new(0),
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
             wake,
@@ -267,23 +313,47 @@ impl Node {
         let before = self.state();
         let from = Admin::from_u8(self.admin.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
+            let reason = match (from, to) {
+                (_, Admin::Disabled) => "disabled by an operator",
+                (_, Admin::Draining) => "drained by an operator: running requests finish, no new ones start",
+                (Admin::Draining, Admin::Active) => "undrained by an operator",
+                (_, Admin::Active) => "enabled by an operator",
+            };
+            *lock(&self.admin_since) = Since::now(reason);
             tracing::info!(node = %self.name(), from = ?from, to = ?to, "node admin state changed");
-            self.publish(before, "operator");
+            self.publish(before);
             self.wake.notify_one();
         }
     }
 
-    /// Tell listeners about a change of the state a person sees.
-    fn publish(&self, before: NodeState, reason: &str) {
+    /// Why the node is in the state a person sees, and since when: the operator's setting while
+    /// it is disabled or draining; a down node's health (down since it went down, whatever the
+    /// operator did meanwhile); otherwise whichever changed last.
+    pub fn since(&self) -> Since {
+        let health = lock(&self.health_since).clone();
+        if self.admin() != Admin::Active {
+            return lock(&self.admin_since).clone();
+        }
+        let admin = lock(&self.admin_since).clone();
+        if self.health() == Health::Unhealthy || admin.at_ms <= health.at_ms {
+            health
+        } else {
+            admin
+        }
+    }
+
+    /// Tell listeners about a change of the state a person sees, with its reason.
+    fn publish(&self, before: NodeState) {
         let after = self.state();
         if before != after {
             if let Some(sink) = self.events.get() {
+                let since = self.since();
                 sink(StateChange {
                     node: self.name().to_string(),
                     from: before,
                     to: after,
-                    reason: reason.to_string(),
-                    at: crate::store::now_ms(),
+                    reason: since.reason,
+                    at: since.at_ms,
                 });
             }
         }
@@ -395,12 +465,22 @@ impl Node {
         lock(&self.breaker).would_allow(now)
     }
 
+    /// The routing estimate: decays towards zero while no traffic flows, so a node that was
+    /// slow once is tried again. For routing only; people are shown `ttfb_seen`.
     pub fn ttfb_estimate(&self, now: Instant) -> Option<Duration> {
         lock(&self.ttfb).estimate(now)
     }
 
+    /// The time-to-first-byte estimate as of the last sample, and that sample's unix ms: the
+    /// number to show, with its age (it does not fade while nothing is sent).
+    pub fn ttfb_seen(&self) -> Option<(Duration, i64)> {
+        let (d, _) = lock(&self.ttfb).last()?;
+        Some((d, self.ttfb_at_ms.load(Ordering::Acquire)))
+    }
+
     pub fn observe_ttfb(&self, sample: Duration) {
         lock(&self.ttfb).observe(sample, Instant::now());
+        self.ttfb_at_ms.store(crate::store::now_ms(), Ordering::Release);
     }
 
     /// `Some(true/false)` once the node's model list is known; `None` before that.
@@ -427,6 +507,11 @@ impl Node {
         self.loaded.load_full()
     }
 
+    /// Unix ms of the `/api/ps` answer `loaded` comes from; `None` before the first.
+    pub fn loaded_as_of(&self) -> Option<i64> {
+        Some(self.loaded_at_ms.load(Ordering::Acquire)).filter(|&ms| ms > 0)
+    }
+
     /// Has `model` loaded entirely in VRAM (model affinity's test).
     pub fn has_hot(&self, model: &str) -> bool {
         self.has_hot_key(&model_key(model))
@@ -451,6 +536,7 @@ impl Node {
         let learned: Vec<(String, u64)> =
             loaded.iter().filter_map(|l| l.context_length.map(|c| (normalize_model(&l.name), c))).collect();
         self.loaded.store(Arc::new(loaded));
+        self.loaded_at_ms.store(crate::store::now_ms(), Ordering::Release);
         for (m, c) in learned {
             self.learn_context(&m, c);
         }
@@ -496,31 +582,49 @@ impl Node {
         let before = self.state();
         let from = Health::from_u8(self.health.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
+            *lock(&self.health_since) = Since::now(reason);
             if from == Health::Unhealthy && to == Health::Healthy {
                 *lock(&self.returned_at) = Some(Instant::now());
                 self.ramping.store(true, Ordering::Release);
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
-            self.publish(before, reason);
+            self.publish(before);
             self.wake.notify_one();
+        } else if to == Health::Unhealthy {
+            // Still down: keep since when, tell the latest cause.
+            lock(&self.health_since).reason = reason.to_string();
         }
     }
 
-    /// Feed one liveness probe result through the hysteresis.
+    /// Feed one liveness probe result through the hysteresis, without a reason.
     pub fn record_probe(&self, ok: bool, failures_to_down: u32, successes_to_up: u32) {
-        if ok {
-            self.probe_failures.store(0, Ordering::Release);
-            let n = self.probe_successes.fetch_add(1, Ordering::AcqRel) + 1;
-            match self.health() {
-                Health::Unknown => self.set_health(Health::Healthy, "first probe answered"),
-                Health::Unhealthy if n >= successes_to_up => self.set_health(Health::Healthy, "probes answered again"),
-                _ => {}
+        let failure = format!("liveness probe failed at {}", crate::config::redacted_url(&self.config.url));
+        let result = if ok { Ok(()) } else { Err(failure.as_str()) };
+        self.record_probe_result(result, failures_to_down, successes_to_up);
+    }
+
+    /// Feed one probe result through the hysteresis; a failure carries its concrete reason
+    /// ("connection refused at http://..."), which becomes the down state's reason.
+    pub fn record_probe_result(&self, result: Result<(), &str>, failures_to_down: u32, successes_to_up: u32) {
+        match result {
+            Ok(()) => {
+                self.probe_failures.store(0, Ordering::Release);
+                let n = self.probe_successes.fetch_add(1, Ordering::AcqRel) + 1;
+                match self.health() {
+                    Health::Unknown => self.set_health(Health::Healthy, "first probe answered"),
+                    Health::Unhealthy if n >= successes_to_up => {
+                        self.set_health(Health::Healthy, "probes answered again")
+                    }
+                    _ => {}
+                }
             }
-        } else {
-            self.probe_successes.store(0, Ordering::Release);
-            let n = self.probe_failures.fetch_add(1, Ordering::AcqRel) + 1;
-            if self.health() != Health::Unhealthy && n >= failures_to_down {
-                self.set_health(Health::Unhealthy, "liveness probes failed");
+            Err(reason) => {
+                self.probe_successes.store(0, Ordering::Release);
+                let n = self.probe_failures.fetch_add(1, Ordering::AcqRel) + 1;
+                if self.health() == Health::Unhealthy || n >= failures_to_down {
+                    let why = if n > 1 { format!("{reason} ({n} probes in a row)") } else { reason.to_string() };
+                    self.set_health(Health::Unhealthy, &why);
+                }
             }
         }
     }
@@ -530,10 +634,15 @@ impl Node {
         if outcome == Outcome::Success {
             self.served.fetch_add(1, Ordering::Relaxed);
         }
-        if outcome == Outcome::ConnectFailed {
+        if outcome == Outcome::ConnectFailed && self.health() != Health::Unhealthy {
             // A refused connection is certain: do not wait for the next probe.
             self.probe_successes.store(0, Ordering::Release);
-            self.set_health(Health::Unhealthy, "connection refused on a request");
+            // The request path knows only that the connect failed; the next probe says exactly why.
+            let url = crate::config::redacted_url(&self.config.url);
+            self.set_health(
+                Health::Unhealthy,
+                &format!("a request could not connect to {url} (refused or unreachable)"),
+            );
         }
         if let Some(state) = lock(&self.breaker).record(permit, outcome, Instant::now()) {
             tracing::info!(node = %self.name(), breaker = state.name(), ?outcome, "breaker changed");
@@ -663,6 +772,50 @@ mod tests {
     fn node() -> Arc<Node> {
         let cfg = NodeConfig { name: "a".into(), url: "http://127.0.0.1:1".into(), ..NodeConfig::default() };
         Arc::new(Node::new(cfg, NodeTuning::default(), Arc::new(Notify::new())).expect("valid url"))
+    }
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(duration_text(-5), "0 s");
+        assert_eq!(duration_text(45_900), "45 s");
+        assert_eq!(duration_text(3 * 60_000 + 10_000), "3 min");
+        assert_eq!(duration_text(2 * 3_600_000), "2 h");
+        assert_eq!(duration_text(2 * 3_600_000 + 5 * 60_000), "2 h 5 min");
+        assert_eq!(duration_text(3 * 86_400_000 + 4 * 3_600_000), "3 d 4 h");
+    }
+
+    #[test]
+    fn a_down_node_says_why_and_keeps_since_when() {
+        let n = node();
+        n.record_probe_result(Ok(()), 2, 1);
+        assert_eq!(n.since().reason, "first probe answered");
+        n.record_probe_result(Err("timed out after 300 ms at http://127.0.0.1:1"), 2, 1);
+        assert_eq!(n.health(), Health::Healthy, "one failure is below the threshold");
+        n.record_probe_result(Err("connection refused at http://127.0.0.1:1"), 2, 1);
+        let down = n.since();
+        assert_eq!(n.state(), NodeState::Unhealthy);
+        assert_eq!(down.reason, "connection refused at http://127.0.0.1:1 (2 probes in a row)");
+        n.record_probe_result(Err("HTTP 500 at http://127.0.0.1:1: out of memory"), 2, 1);
+        let later = n.since();
+        assert_eq!(later.at_ms, down.at_ms, "still down since the first time");
+        assert!(later.reason.starts_with("HTTP 500"), "the latest cause is told: {later:?}");
+        n.set_enabled(false);
+        assert_eq!(n.since().reason, "disabled by an operator");
+        n.set_enabled(true);
+        assert_eq!(n.since(), later, "re-enabled, it is still down for the same reason, since the same time");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_a_node_last_reported_is_kept_with_its_time_and_does_not_fade() {
+        let n = node();
+        assert_eq!((n.loaded_as_of(), n.ttfb_seen()), (None, None), "nothing learned yet");
+        n.set_loaded(vec![]);
+        n.observe_ttfb(Duration::from_millis(250));
+        tokio::time::advance(Duration::from_secs(600)).await;
+        let (ttfb, at) = n.ttfb_seen().expect("a sample");
+        assert_eq!(ttfb, Duration::from_millis(250), "ten idle minutes later it is still what was measured");
+        assert!(n.ttfb_estimate(Instant::now()) < Some(Duration::from_millis(2)), "routing's estimate decays");
+        assert!(at > 0 && n.loaded_as_of().is_some_and(|t| t > 0));
     }
 
     #[test]

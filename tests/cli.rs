@@ -524,3 +524,42 @@ async fn drill_against_the_demo_prints_a_table_per_category() {
     assert_eq!(code, 2, "an unknown node is a usage error: {err}");
     assert!(err.contains("nope") && err.contains("not_found"), "{err}");
 }
+
+#[test]
+fn status_tells_each_nodes_state_with_its_reason_and_since() {
+    let token = "status-reason-token-27182818284590452";
+    let sims: Vec<Proc> = (0..2).map(|_| Proc::spawn(&["sim", "--port", "0"])).collect();
+    let urls: Vec<String> = sims.iter().map(|s| s.url("simulated Ollama node on")).collect();
+    let mut text = config_for("status-reason", &urls);
+    text = text.replace("[health]\ninterval_ms = 200\n", "[health]\ninterval_ms = 100\nfailures_to_down = 1\n");
+    let cfg = temp_file("status-reason", &text);
+    let serve =
+        Proc::spawn_env(&["serve", "--config", cfg.to_str().unwrap_or_default()], &[("CORRAL_ADMIN_TOKEN", token)]);
+    let admin = serve.url("Admin API on");
+    let mut sims = sims;
+    sims[1].kill();
+    // The broker logs each health flip; wait for gpu1's.
+    loop {
+        let line = serve.wait_for("node health changed");
+        if line.contains("gpu1") && line.contains("unhealthy") {
+            break;
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["status", "--url", &admin])
+        .env("CORRAL_ADMIN_TOKEN", token)
+        .output()
+        .expect("corral runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("down since"))
+        .unwrap_or_else(|| panic!("no 'down since' line:\n{text}"));
+    assert!(
+        line.contains(&format!("connection refused at {}", urls[1])),
+        "the reason names the cause and the address:\n{text}"
+    );
+    assert!(line.contains(" UTC (") && line.contains(" s)"), "since when, and for how long:\n{text}");
+    assert!(text.contains("healthy since "), "the live node says since when too:\n{text}");
+}

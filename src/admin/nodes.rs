@@ -13,17 +13,29 @@ use serde_json::{json, Value};
 
 use super::{commit, parse, AdminError, AdminState};
 use crate::config::{Config, NodeConfig};
-use crate::health::probe_liveness;
-use crate::node::{Admin, Node};
+use crate::health::check_liveness;
+use crate::node::{Admin, Health, Node};
 
 /// One node as every admin read shows it (also the `nodes` of `/admin/status`).
+///
+/// `state_reason` / `state_since` (unix ms) / `state_for_ms` say why and since when. What the
+/// node reported (`loaded`, `ttfb_ms`) comes with when it was learned (`loaded_as_of`,
+/// `ttfb_as_of`, unix ms); `stale` is true while the node is down, and then `models`, `loaded`
+/// and `ttfb_ms` are last-known, not live. `ttfb_ms` is the estimate as of its last sample: it
+/// does not fade while no traffic flows (routing's decayed estimate is not shown).
 pub(super) fn node_json(n: &Node) -> Value {
     let now = tokio::time::Instant::now();
+    let now_ms = crate::store::now_ms();
+    let since = n.since();
+    let ttfb = n.ttfb_seen();
     json!({
         "name": n.name(),
         "url": crate::config::redacted_url(&n.config.url),
         "kind": n.config.kind,
         "state": n.state(),
+        "state_reason": since.reason,
+        "state_since": since.at_ms,
+        "state_for_ms": (now_ms - since.at_ms).max(0),
         "health": n.health(),
         "admin": n.admin(),
         "breaker": n.breaker_state(),
@@ -31,10 +43,13 @@ pub(super) fn node_json(n: &Node) -> Value {
         "max_concurrency": n.max_concurrency(),
         "in_flight": n.in_flight(),
         "served": n.served(),
-        "ttfb_ms": n.ttfb_estimate(now).map(|d| d.as_secs_f64() * 1000.0),
+        "stale": n.health() == Health::Unhealthy,
+        "ttfb_ms": ttfb.map(|(d, _)| d.as_secs_f64() * 1000.0),
+        "ttfb_as_of": ttfb.map(|(_, at)| at),
         "slow_start_share": n.slow_start_factor(now),
         "models": n.models(),
         "loaded": *n.loaded(),
+        "loaded_as_of": n.loaded_as_of(),
     })
 }
 
@@ -109,12 +124,19 @@ pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Time one liveness probe of a node (the UI's "test latency" button).
+/// Time one liveness probe of a node (the UI's "test latency" button); a failed one says why
+/// (`error`: "connection refused at http://...").
 pub(super) async fn test(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
     let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name: name.clone() })?;
     let timeout = std::time::Duration::from_millis(s.shared.config().health.timeout_ms.max(1_000));
     let started = tokio::time::Instant::now();
-    let ok = probe_liveness(&s.shared.client, &node, timeout).await;
+    let result = check_liveness(&s.shared.client, &node, timeout).await;
     let ms = started.elapsed().as_secs_f64() * 1000.0;
-    Ok(Json(json!({ "name": name, "ok": ok, "ms": ms, "timeout_ms": timeout.as_millis() as u64 })))
+    Ok(Json(json!({
+        "name": name,
+        "ok": result.is_ok(),
+        "ms": ms,
+        "timeout_ms": timeout.as_millis() as u64,
+        "error": result.err(),
+    })))
 }

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::CommandFactory;
+use corral::node::duration_text;
 use serde_json::Value;
 
 pub async fn run(url: &str) -> ExitCode {
@@ -53,18 +54,30 @@ fn print(status: &Value) {
     if status["accepting"].as_bool() == Some(false) {
         println!("PAUSED: new requests get 503 until an operator resumes");
     }
+    let nodes: Vec<&Value> = status["nodes"].as_array().into_iter().flatten().collect();
+    if !nodes.is_empty() && nodes.iter().all(|n| !serving(n)) {
+        println!("NO CAPACITY: every node is disabled, draining or down; requests wait, then get 503");
+    }
     println!();
     println!("{:<16} {:<11} {:>9}  {:<9} models", "node", "state", "in flight", "breaker");
-    for n in status["nodes"].as_array().into_iter().flatten() {
+    let now_ms = corral::store::now_ms();
+    for n in nodes {
         let models = n["models"].as_array().map_or(0, Vec::len);
+        let state = label(n["state"].as_str().unwrap_or("?"));
         println!(
             "{:<16} {:<11} {:>4} / {:<2}  {:<9} {models}",
             n["name"].as_str().unwrap_or("?"),
-            n["state"].as_str().unwrap_or("?"),
+            state,
             n["in_flight"].as_u64().unwrap_or(0),
             n["max_concurrency"].as_u64().unwrap_or(0),
             n["breaker"].as_str().unwrap_or(""),
         );
+        println!("  {}", since_line(n, state, now_ms));
+        if n["stale"].as_bool() == Some(true) {
+            if let Some(line) = last_known(n, now_ms) {
+                println!("  {line}");
+            }
+        }
     }
     let q = &status["queue"];
     println!();
@@ -74,6 +87,56 @@ fn print(status: &Value) {
         q["bytes"].as_u64().unwrap_or(0),
         q["max_requests"].as_u64().unwrap_or(0)
     );
+}
+
+/// A node state as people read it (the UI says "down" too).
+fn label(state: &str) -> &str {
+    if state == "unhealthy" {
+        "down"
+    } else {
+        state
+    }
+}
+
+/// Whether a node could take a request now.
+fn serving(n: &Value) -> bool {
+    matches!(n["state"].as_str(), Some("healthy" | "recovering" | "unknown"))
+}
+
+/// "down since 05:49:12 UTC (3 min): connection refused at http://10.0.0.6:11434".
+fn since_line(n: &Value, state: &str, now_ms: i64) -> String {
+    let reason = n["state_reason"].as_str().unwrap_or("no reason given");
+    match n["state_since"].as_i64() {
+        Some(at) => format!("{state} since {} ({}): {reason}", clock(at, now_ms), duration_text(now_ms - at)),
+        None => format!("{state}: {reason}"),
+    }
+}
+
+/// What a down node last reported, with its age: never shown as live.
+fn last_known(n: &Value, now_ms: i64) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(at) = n["loaded_as_of"].as_i64() {
+        let names: Vec<&str> =
+            n["loaded"].as_array().into_iter().flatten().filter_map(|m| m["name"].as_str()).collect();
+        let what = if names.is_empty() { "nothing loaded".to_string() } else { format!("loaded {}", names.join(", ")) };
+        parts.push(format!("{what} ({} ago)", duration_text(now_ms - at)));
+    }
+    if let (Some(ms), Some(at)) = (n["ttfb_ms"].as_f64(), n["ttfb_as_of"].as_i64()) {
+        parts.push(format!("first token {ms:.0} ms ({} ago)", duration_text(now_ms - at)));
+    }
+    (!parts.is_empty()).then(|| format!("last known: {}", parts.join("; ")))
+}
+
+/// A wall time in UTC (as `corral history` prints times), with the date when not today.
+fn clock(at_ms: i64, now_ms: i64) -> String {
+    let t = |ms: i64| time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).ok();
+    let (Some(at), Some(now)) = (t(at_ms), t(now_ms)) else { return "?".into() };
+    let fmt = if at.date() == now.date() {
+        time::macros::format_description!("[hour]:[minute]:[second] UTC")
+    } else {
+        time::macros::format_description!("[year]-[month]-[day] [hour]:[minute] UTC")
+    };
+    at.format(&fmt).unwrap_or_default()
 }
 
 /// Completions for `shell` on standard output.

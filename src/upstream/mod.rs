@@ -16,6 +16,7 @@ pub mod assemble;
 pub mod lifecycle;
 pub mod ollama;
 pub mod openai;
+pub mod probe;
 pub mod translate;
 
 use std::time::Duration;
@@ -253,14 +254,6 @@ pub(crate) async fn get_json(client: &reqwest::Client, url: url::Url, timeout: D
     tokio::time::timeout(timeout, ask).await.ok().flatten()
 }
 
-/// Whether a GET of `url` answers 2xx within `timeout`; the status when it answered at all.
-pub(crate) async fn get_status(client: &reqwest::Client, url: url::Url, timeout: Duration) -> Option<StatusCode> {
-    match tokio::time::timeout(timeout, client.get(url).send()).await {
-        Ok(Ok(r)) => Some(r.status()),
-        _ => None,
-    }
-}
-
 /// What a deep probe learned of an upstream's models.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Inventory {
@@ -271,16 +264,21 @@ pub struct Inventory {
 }
 
 impl Upstream<'_> {
-    /// Liveness: does it answer its cheapest endpoint with a 2xx in time?
-    pub async fn liveness(&self, client: &reqwest::Client, timeout: Duration) -> bool {
+    /// Liveness: does it answer its cheapest endpoint with a 2xx in time? If not, why.
+    pub async fn liveness(&self, client: &reqwest::Client, timeout: Duration) -> Result<(), probe::ProbeError> {
         match self.dialect {
             Dialect::Ollama => ollama::liveness(self, client, timeout).await,
             Dialect::Openai => openai::liveness(self, client, timeout).await,
         }
     }
 
-    /// Readiness: can it generate one token of `model`?
-    pub async fn readiness(&self, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+    /// Readiness: can it generate one token of `model`? If not, why.
+    pub async fn readiness(
+        &self,
+        client: &reqwest::Client,
+        model: &str,
+        timeout: Duration,
+    ) -> Result<(), probe::ProbeError> {
         match self.dialect {
             Dialect::Ollama => ollama::readiness(self, client, model, timeout).await,
             Dialect::Openai => openai::readiness(self, client, model, timeout).await,

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{get_status, Inventory, Upstream};
+use super::probe::{self, ProbeError};
+use super::{Inventory, Upstream};
 use crate::node::LoadedModel;
 
 #[derive(Deserialize)]
@@ -43,16 +44,18 @@ struct PsEntry {
     context_length: Option<u64>,
 }
 
-pub(super) async fn liveness(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> bool {
-    get_status(client, up.url("/api/version"), timeout).await.is_some_and(|s| s.is_success())
+pub(super) async fn liveness(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Result<(), ProbeError> {
+    probe::exchange(client.get(up.url("/api/version")), timeout).await
 }
 
-pub(super) async fn readiness(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+pub(super) async fn readiness(
+    up: &Upstream<'_>,
+    client: &reqwest::Client,
+    model: &str,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
     let body = serde_json::json!({"model": model, "prompt": "ping", "stream": false, "options": {"num_predict": 1}});
-    matches!(
-        tokio::time::timeout(timeout, client.post(up.url("/api/generate")).json(&body).send()).await,
-        Ok(Ok(r)) if r.status().is_success()
-    )
+    probe::exchange(client.post(up.url("/api/generate")).json(&body), timeout).await
 }
 
 pub(super) async fn warm_up(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {

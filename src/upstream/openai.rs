@@ -13,29 +13,29 @@ use futures_util::StreamExt;
 use http::{header, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
+use super::probe::{self, ProbeError};
 use super::translate::{self, Audience, Native, Reply};
-use super::{get_json, get_status, BodyError, BodyStream, Inventory, Upstream};
+use super::{get_json, BodyError, BodyStream, Inventory, Upstream};
 
 /// Largest non-streamed answer read whole for translation.
 const MAX_WHOLE_ANSWER: usize = 64 * 1024 * 1024;
 
-pub(super) async fn liveness(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> bool {
-    match get_status(client, up.url("/health"), timeout).await {
-        Some(StatusCode::NOT_FOUND) => {
-            get_status(client, up.url("/v1/models"), timeout).await.is_some_and(|s| s.is_success())
-        }
-        Some(s) => s.is_success(),
-        None => false,
+pub(super) async fn liveness(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Result<(), ProbeError> {
+    match probe::exchange(client.get(up.url("/health")), timeout).await {
+        Err(ProbeError::Status { status: 404, .. }) => probe::exchange(client.get(up.url("/v1/models")), timeout).await,
+        other => other,
     }
 }
 
-pub(super) async fn readiness(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
+pub(super) async fn readiness(
+    up: &Upstream<'_>,
+    client: &reqwest::Client,
+    model: &str,
+    timeout: Duration,
+) -> Result<(), ProbeError> {
     let m = model.strip_suffix(":latest").unwrap_or(model);
     let body = json!({"model": m, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1});
-    matches!(
-        tokio::time::timeout(timeout, client.post(up.url("/v1/chat/completions")).json(&body).send()).await,
-        Ok(Ok(r)) if r.status().is_success()
-    )
+    probe::exchange(client.post(up.url("/v1/chat/completions")).json(&body), timeout).await
 }
 
 pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Inventory {
