@@ -347,13 +347,14 @@ impl Node {
         let after = self.state();
         if before != after {
             if let Some(sink) = self.events.get() {
-                let since = self.since();
+                // `at` is when this change happened (a re-enabled down node is told now, with the
+                // reason it has been down for), so the store's timeline stays in order.
                 sink(StateChange {
                     node: self.name().to_string(),
                     from: before,
                     to: after,
-                    reason: since.reason,
-                    at: since.at_ms,
+                    reason: self.since().reason,
+                    at: crate::store::now_ms(),
                 });
             }
         }

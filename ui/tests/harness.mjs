@@ -47,12 +47,13 @@ export function proc(args, env = {}) {
   };
 }
 
-/** Three sim processes (one per node) and `corral serve` with a fast probe. */
-export async function cluster() {
+/** Three sim processes (one per node) and `corral serve` with a fast probe; `health` adds
+ * lines to the `[health]` section (say, `deep_interval_ms = 200`). */
+export async function cluster({ health = "" } = {}) {
   const sims = [0, 1, 2].map(() => proc(["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0"]));
   const urls = await Promise.all(sims.map((s) => s.url("simulated Ollama node on")));
   const dir = mkdtempSync(join(tmpdir(), "corral-ui-"));
-  let cfg = `[[listeners]]\naddr = "127.0.0.1:0"\n\n[admin]\naddr = "127.0.0.1:0"\n\n[store]\npath = "${dir}/corral.db"\n\n[health]\ninterval_ms = 200\ntimeout_ms = 300\nfailures_to_down = 1\nsuccesses_to_up = 1\nslow_start_ms = 1\n\n`;
+  let cfg = `[[listeners]]\naddr = "127.0.0.1:0"\n\n[admin]\naddr = "127.0.0.1:0"\n\n[store]\npath = "${dir}/corral.db"\n\n[health]\ninterval_ms = 200\ntimeout_ms = 300\nfailures_to_down = 1\nsuccesses_to_up = 1\nslow_start_ms = 1\n${health ? health + "\n" : ""}\n`;
   urls.forEach((u, i) => (cfg += `[[nodes]]\nname = "gpu${i}"\nurl = "${u}"\n\n`));
   cfg += `[[categories]]\nname = "default"\naffinity = false\n`;
   const path = join(dir, "corral.toml");

@@ -1,5 +1,5 @@
 // Every screen of the UI in a real browser against `corral serve` and real sims.
-import { test, before, after } from "node:test";
+import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -187,4 +187,98 @@ test("providers: add one, see its key missing; requests list and CSV export", as
   assert.match(csv.split("\n")[0], /^id,started_at,endpoint/);
   assert.ok(csv.split("\n").length > 10, "the rows are there");
   await page.close();
+});
+
+// A cluster of its own: these take nodes down, out and back, which the tests above must not see.
+describe("node state with reason and since, and the safety rails", () => {
+  let d;
+  before(async () => {
+    d = await cluster({ health: "deep_interval_ms = 200" });
+  });
+  after(() => d?.stop());
+
+  test("a down card says why and since when, and shows what it last reported as last-known", async () => {
+    const page = await open(b, d);
+    await page.waitForSelector(".card[data-node=gpu0][data-state=healthy]", { timeout: 10000 });
+    assert.match(await page.textContent(".card[data-node=gpu0] [data-testid=state-reason]"), /healthy since \d\d:\d\d \(\d+ (s|min)\)/);
+    // Until gpu0 has answered a chat (and so has the model loaded), then let the deep probe see it.
+    for (let i = 0; i < 30 && (await d.received(0)) === 0; i++) assert.equal((await d.chat()).status, 200);
+    assert.ok((await d.received(0)) > 0, "gpu0 answered a chat");
+    await page.waitForSelector(".card[data-node=gpu0] .tag.hot", { timeout: 5000 });
+
+    d.sims[0].stop();
+    await page.waitForSelector(".card[data-node=gpu0][data-state=unhealthy]", { timeout: 5000 });
+    const reason = await page.textContent(".card[data-node=gpu0] [data-testid=state-reason]");
+    assert.match(reason, /down since \d\d:\d\d \(\d+ s\): connection refused at http:\/\/127\.0\.0\.1:\d+/, reason);
+    assert.ok(reason.includes(`connection refused at ${d.urls[0]}`), `the node's own address: ${reason}`);
+    assert.equal(await page.$(".card[data-node=gpu0] .tag.hot"), null, "a dead node's models are not shown as loaded");
+    assert.match(await page.textContent(".card[data-node=gpu0] [data-testid=last-known]"), /last known \d+ s ago, not live/);
+    assert.match(await page.textContent(".card[data-node=gpu0] .tag.stale"), /llama3\.2.* · was in VRAM/);
+    const ttfb = ".card[data-node=gpu0] [data-testid=ttfb]";
+    assert.match(await page.getAttribute(ttfb, "class"), /\bstale\b/, "first token greyed");
+    assert.match(await page.textContent(ttfb), /ms · last known \d+ s ago/);
+
+    await page.click("[data-screen=nodes]");
+    assert.match(await page.textContent("tr[data-node=gpu0] [data-testid=state-reason]"), /down since \d\d:\d\d \(\d+ s\): connection refused at http/);
+    await page.click("tr[data-node=gpu0] button:has-text('Test')");
+    await page.waitForFunction(() => document.querySelector("tr[data-node=gpu0] [data-testid=latency]")?.textContent?.startsWith("failed"), null, { timeout: 5000 });
+    assert.match(await page.textContent("tr[data-node=gpu0] [data-testid=latency]"), /^failed: connection refused at http:\/\/127\.0\.0\.1:\d+/);
+    await page.close();
+  });
+
+  test("taking out the last serving node asks first; cancelling changes nothing", async () => {
+    const page = await open(b, d, "nodes");
+    await page.waitForSelector("tr[data-node=gpu0] td.state:has-text('down')", { timeout: 5000 });
+    // gpu2 still serves, so draining gpu1 needs no confirmation.
+    await page.click("tr[data-node=gpu1] button:has-text('Drain')");
+    await page.waitForSelector("tr[data-node=gpu1] td.state:has-text('draining')", { timeout: 5000 });
+    assert.equal(await page.isVisible("[data-testid=confirm]"), false, "no dialog while another node serves");
+
+    await page.click("tr[data-node=gpu2] button:has-text('Drain')");
+    await page.waitForSelector("[data-testid=confirm]", { timeout: 5000 });
+    assert.match(await page.textContent("[data-testid=confirm]"), /Drain gpu2, the last serving node\?.*gpu0 is down, gpu1 is draining/s);
+    await page.click("[data-testid=confirm-cancel]");
+    assert.equal(await page.isVisible("[data-testid=confirm]"), false);
+    assert.equal((await d.adminApi("GET", "/admin/nodes/gpu2")).state, "healthy", "cancel leaves it serving");
+
+    await page.uncheck("tr[data-node=gpu2] input[aria-label=enabled]");
+    await page.waitForSelector("[data-testid=confirm]", { timeout: 5000 });
+    assert.match(await page.textContent("[data-testid=confirm]"), /Disable gpu2, the last serving node\?/);
+    await page.click("[data-testid=confirm-cancel]");
+    assert.equal(await page.isChecked("tr[data-node=gpu2] input[aria-label=enabled]"), true, "the box goes back");
+    assert.equal((await d.adminApi("GET", "/admin/nodes/gpu2")).admin, "active");
+
+    await page.click("tr[data-node=gpu2] button:has-text('Drain')");
+    await page.click("[data-testid=confirm-ok]");
+    await page.waitForSelector("tr[data-node=gpu2] td.state:has-text('draining')", { timeout: 5000 });
+    await page.close();
+  });
+
+  test("with no serving capacity every screen says so, and Resume brings the nodes back", async () => {
+    const page = await open(b, d);
+    await page.waitForSelector("[data-testid=capacity-banner]", { timeout: 5000 });
+    assert.match(await page.textContent("[data-testid=capacity-banner]"), /No serving capacity.*gpu0 down · gpu1 draining · gpu2 draining/s);
+    await page.click("[data-screen=rules]");
+    assert.ok(await page.isVisible("[data-testid=capacity-banner]"), "on every screen");
+    await page.click("[data-testid=resume-nodes]");
+    await page.waitForSelector("[data-testid=capacity-banner]", { state: "detached", timeout: 5000 });
+    await page.click("[data-screen=overview]");
+    for (const n of ["gpu1", "gpu2"]) await page.waitForSelector(`.card[data-node=${n}][data-state=healthy]`, { timeout: 5000 });
+    const nodes = await d.adminApi("GET", "/admin/nodes");
+    assert.deepEqual(nodes.map((n) => n.admin), ["active", "active", "active"]);
+    assert.equal((await d.chat()).status, 200, "it serves again");
+    await page.close();
+  });
+
+  test("a paused broker shows a banner on every screen with Resume", async () => {
+    const page = await open(b, d);
+    assert.deepEqual(await d.adminApi("PUT", "/admin/accepting", { accepting: false }), { accepting: false });
+    await page.waitForSelector("[data-testid=paused-banner]", { timeout: 7000 });
+    await page.click("[data-screen=models]");
+    assert.match(await page.textContent("[data-testid=paused-banner]"), /Paused\..*503/s);
+    await page.click("[data-testid=resume]");
+    await page.waitForSelector("[data-testid=paused-banner]", { state: "detached", timeout: 5000 });
+    assert.deepEqual(await d.adminApi("GET", "/admin/accepting"), { accepting: true });
+    await page.close();
+  });
 });

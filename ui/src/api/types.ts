@@ -34,6 +34,12 @@ export interface Node {
   url: string;
   kind: NodeKind;
   state: NodeState;
+  /** Why the node is in its state: the concrete cause ("connection refused at http://...") or the operator's act. */
+  state_reason: string;
+  /** Since when (unix ms). */
+  state_since: number;
+  /** How long, as of this answer (ms): the server's clock, so no skew with the browser's. */
+  state_for_ms: number;
   health: Health;
   admin: AdminState;
   breaker: BreakerState;
@@ -41,13 +47,19 @@ export interface Node {
   max_concurrency: number;
   in_flight: number;
   served: number;
-  /** Estimated time to first byte, ms; null before the node has answered. */
+  /** True while the node is down: `models`, `loaded` and `ttfb_ms` are then last-known, not live. */
+  stale: boolean;
+  /** Estimated time to first byte as of its last sample, ms (does not fade while idle); null before the node has answered. */
   ttfb_ms: number | null;
+  /** Unix ms of the last time-to-first-byte sample. */
+  ttfb_as_of: number | null;
   /** 0..1 while the node is in slow start, 1 after. */
   slow_start_share: number;
   /** The models the node lists; null until the first deep probe. */
   models: string[] | null;
   loaded: LoadedModel[];
+  /** Unix ms of the `/api/ps` answer `loaded` comes from; null before the first. */
+  loaded_as_of: number | null;
 }
 
 /** `NodeConfig`: the body of `POST /admin/nodes` (omitted fields take the config defaults). */
@@ -74,6 +86,8 @@ export interface NodeTest {
   ok: boolean;
   ms: number;
   timeout_ms: number;
+  /** Why it failed ("connection refused at http://..."); null when ok. */
+  error: string | null;
 }
 
 // ---- drill (src/admin/drill.rs) ----
