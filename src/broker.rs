@@ -68,12 +68,54 @@ pub struct Broker {
     tracker: TaskTracker,
     store_cancel: CancellationToken,
     store_tracker: TaskTracker,
+    /// Stops the probe thread when the broker is dropped without `shutdown` (tests do).
+    _probes: tokio_util::sync::DropGuard,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker").field("proxy_addrs", &self.proxy_addrs).finish()
     }
+}
+
+/// Probes run on a thread and runtime of their own, with a client of their own. A flood of
+/// requests on the proxy's runtime delays every task's wake-up by the length of its run
+/// queue; a probe timed there blames the node for the broker's own backlog (seen: 10,000
+/// requests arriving at once made a healthy node "time out after 1000 ms" twice, and the
+/// thousand queued requests were answered 503 no_healthy_node). On its own thread a probe
+/// measures the node.
+fn spawn_probes(
+    tracker: &TaskTracker,
+    registry: Arc<Registry>,
+    config: &Config,
+    health: tokio::sync::watch::Receiver<crate::config::HealthConfig>,
+    cancel: CancellationToken,
+) -> Result<(), StartError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("corral-probes")
+        .build()
+        .map_err(|e| StartError::Client(format!("cannot start the probe runtime: {e}")))?;
+    let client = reqwest::Client::builder()
+        .connect_timeout(config.proxy.connect_timeout())
+        .tcp_nodelay(true)
+        .pool_idle_timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(|e| StartError::Client(e.to_string()))?;
+    // A plain thread, not `spawn_blocking`: dropping the proxy's runtime must never wait for
+    // it. `shutdown` still waits until the probes have stopped, through `stopped`.
+    let (done, stopped) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("corral-probes".into())
+        .spawn(move || {
+            runtime.block_on(crate::health::run(registry, client, health, cancel));
+            let _ = done.send(());
+        })
+        .map_err(|e| StartError::Client(format!("cannot start the probe thread: {e}")))?;
+    tracker.spawn(async move {
+        let _ = stopped.await;
+    });
+    Ok(())
 }
 
 impl Broker {
@@ -117,14 +159,8 @@ impl Broker {
         if let Some(store) = store {
             tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
         }
-        let shared = Arc::new(Shared::new(
-            config,
-            Arc::clone(&registry),
-            client.clone(),
-            cancel.clone(),
-            telemetry,
-            options.seed,
-        ));
+        let shared =
+            Arc::new(Shared::new(config, Arc::clone(&registry), client, cancel.clone(), telemetry, options.seed));
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
         // Client keys: loaded before the first request, then followed in the keyring.
         shared.client_keys.set(crate::clients::load(shared.client_key_names()).await);
@@ -147,9 +183,20 @@ impl Broker {
                 }
             }
         }
-        tracker.spawn(crate::health::run(Arc::clone(&registry), client, shared.health_config(), cancel.clone()));
+        let probes = cancel.child_token();
+        spawn_probes(&tracker, Arc::clone(&registry), &shared.config(), shared.health_config(), probes.clone())?;
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
-        Ok(Self { shared, proxy_addrs, admin_addr, admin_token, cancel, tracker, store_cancel, store_tracker })
+        Ok(Self {
+            shared,
+            proxy_addrs,
+            admin_addr,
+            admin_token,
+            cancel,
+            tracker,
+            store_cancel,
+            store_tracker,
+            _probes: probes.drop_guard(),
+        })
     }
 
     /// The first proxy listener's address (the one clients use).

@@ -80,24 +80,39 @@ async fn a_node_sigkilled_under_mixed_load() {
     let r =
         client.post(format!("{}/_sim/faults", urls[0])).json(&json!({"hang_after": 2})).send().await.expect("control");
     assert_eq!(r.status(), 204);
-    let load = (0..60).map(|i| {
+    // Streams first: Corral sends non-streamed requests to a node as streams too (to see
+    // their first token), so n0's stream count says which kind is on it only while it has
+    // nothing but client streams.
+    let spawn = |i: usize| {
         let (client, base) = (client.clone(), base.clone());
         tokio::spawn(async move { (i % 2 == 0, ask(&client, &base, i % 2 == 0, i).await) })
-    });
-    let load: Vec<_> = load.collect();
-    // Kill n0 once three streams are past their first chunk on it.
+    };
+    let mut load: Vec<_> = (0..60).step_by(2).map(spawn).collect();
+    // Kill n0 once three client streams are past their first chunk on it.
     let stats = format!("{}/_sim/stats", urls[0]);
-    let mut streaming = 0;
+    let streaming = |client: reqwest::Client, stats: String| async move {
+        match client.get(&stats).send().await {
+            Ok(r) => r.json::<Value>().await.ok().and_then(|v| v["streaming"].as_u64()).unwrap_or(0),
+            Err(_) => 0,
+        }
+    };
+    let mut seen = 0;
     for _ in 0..1000 {
-        if let Ok(r) = client.get(&stats).send().await {
-            streaming = r.json::<Value>().await.ok().and_then(|v| v["streaming"].as_u64()).unwrap_or(0);
-            if streaming >= 3 {
-                break;
-            }
+        seen = streaming(client.clone(), stats.clone()).await;
+        if seen >= 3 {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(streaming >= 3, "n0 never had three streams going");
+    assert!(seen >= 3, "n0 never had three streams going");
+    // Then the non-streamed half, mid-flight too when n0 dies.
+    load.extend((1..60).step_by(2).map(spawn));
+    for _ in 0..200 {
+        if streaming(client.clone(), stats.clone()).await > seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     sims[0].kill();
     let mut streamed = (0, 0);
     for task in load {
