@@ -89,6 +89,9 @@ pub struct Shared {
     front: std::sync::OnceLock<(Vec<String>, bool)>,
     /// The file the config came from (and is watched), where runtime edits are written too.
     file: std::sync::OnceLock<std::path::PathBuf>,
+    /// Held from writing an edit to the file until it is in force, so two edits at once
+    /// reach the file and the running broker in the same order.
+    edits: std::sync::Mutex<()>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
@@ -145,6 +148,7 @@ impl Shared {
             accepting: AtomicBool::new(true),
             front: std::sync::OnceLock::new(),
             file: std::sync::OnceLock::new(),
+            edits: std::sync::Mutex::new(()),
             seed,
             rng: Mutex::new(rng),
         }
@@ -163,6 +167,11 @@ impl Shared {
     /// The proxy URLs clients should use, and whether the nodes are simulated.
     pub fn front(&self) -> (&[String], bool) {
         self.front.get().map_or((&[][..], false), |(u, d)| (u.as_slice(), *d))
+    }
+
+    /// Taken by an edit while it writes the file and swaps the config in.
+    pub fn edit_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.edits.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The config file runtime edits go to (set once, at start).

@@ -205,3 +205,45 @@ async fn admin_edits_are_written_into_the_file_and_survive_its_next_reload() {
     assert_eq!(config.nodes[0].weight, 5, "the UI's weight survives the reload");
     broker.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn edits_made_at_the_same_time_all_land_in_the_file_and_the_running_config() {
+    let sims = [
+        SimNode::start(SimSpec::default()).await.expect("sim"),
+        SimNode::start(SimSpec::default()).await.expect("sim"),
+    ];
+    let dir = std::env::temp_dir().join(format!("corral-reload-{}-concurrent", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let path = dir.join("corral.toml");
+    std::fs::write(&path, format!("# ours\n{}", config_text(&[("a", sims[0].url()), ("b", sims[1].url())])))
+        .expect("write");
+    let token = "concurrent-edit-token-0123456789abcdef";
+    let broker = Broker::start(
+        Config::load(&path).expect("valid"),
+        StartOptions { config_path: Some(path.clone()), admin_token: Some(token.into()), ..StartOptions::default() },
+    )
+    .await
+    .expect("starts");
+    let client = reqwest::Client::new();
+    let edits = (0..16u32).map(|i| {
+        let (client, url) =
+            (client.clone(), format!("http://{}/admin/nodes/{}", broker.admin_addr(), ["a", "b"][i as usize % 2]));
+        async move {
+            let r =
+                client.patch(url).bearer_auth(token).json(&serde_json::json!({"max_concurrency": 10 + i})).send().await;
+            r.map(|r| r.status().as_u16()).unwrap_or(0)
+        }
+    });
+    let statuses = futures_util::future::join_all(edits).await;
+    assert!(statuses.iter().all(|s| *s == 200), "every edit was taken: {statuses:?}");
+    let on_disk = Config::load(&path).expect("the file is whole and valid");
+    let running = broker.config();
+    for (disk, live) in on_disk.nodes.iter().zip(&running.nodes) {
+        assert_eq!(disk.max_concurrency, live.max_concurrency, "the file and the broker agree on {}", disk.name);
+    }
+    assert!(std::fs::read_to_string(&path).expect("read").starts_with("# ours"), "comments kept");
+    let strays: Vec<_> =
+        std::fs::read_dir(&dir).expect("dir").flatten().filter(|e| e.file_name() != "corral.toml").collect();
+    assert!(strays.is_empty(), "no temp files left behind: {strays:?}");
+    broker.shutdown().await;
+}

@@ -189,12 +189,12 @@ fn validate(next: &Config) -> Result<(), AdminError> {
     Ok(())
 }
 
-/// Validate `next` as a whole and swap it in.
 /// Validate `next` as a whole, write it into the config file (when the broker has one: an edit
 /// must survive the next reload), then swap it in. A file that cannot be written changes
 /// nothing.
 fn commit(s: &AdminState, next: Config) -> Result<(), AdminError> {
     validate(&next)?;
+    let _one_at_a_time = s.shared.edit_lock();
     s.shared.persist(&next)?;
     s.shared.apply(next);
     Ok(())

@@ -79,19 +79,25 @@ pub fn write_private(target: &std::path::Path, text: &str) -> std::io::Result<()
             make_private(dir)?;
         }
     }
-    let mut name = target.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
+    // A name of its own per write: two writers at once (two processes, or an export and an
+    // edit) never share, truncate or rename each other's half-written file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut name = std::ffi::OsString::from(".");
+    name.push(target.file_name().unwrap_or_default());
+    name.push(format!(".{}.{n}.tmp", std::process::id()));
     let tmp = target.with_file_name(name);
     let mut open = std::fs::OpenOptions::new();
-    open.write(true).create(true).truncate(true);
+    open.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
     let mut file = open.open(&tmp)?;
-    // An old temp file keeps its mode through `open`: set it.
-    make_private(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, target)
+    let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, target));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
 }
 
 impl Config {

@@ -127,7 +127,7 @@ pub fn plan(base: &Config, text: &str, mode: ImportMode, accept: &Accept) -> Res
     let raw: toml::Table = toml::from_str(text).unwrap_or_default();
     let proposed = propose(base, &incoming, Some(&raw), mode);
     // The preview lists everything the file would change, held back or not.
-    let changes = diff(base, &proposed, mode);
+    let changes = diff(base, &proposed);
     let mut trust = trust_changes(base, &proposed);
     let mut next = proposed;
     let mut held_back = Vec::new();
@@ -148,7 +148,7 @@ pub fn plan(base: &Config, text: &str, mode: ImportMode, accept: &Accept) -> Res
 /// base's: they belong to the machine, not to the shared setup.
 pub fn import(base: &Config, incoming: &Config, mode: ImportMode) -> (Config, Vec<Change>) {
     let next = propose(base, incoming, None, mode);
-    let changes = diff(base, &next, mode);
+    let changes = diff(base, &next);
     (next, changes)
 }
 
@@ -159,15 +159,32 @@ fn propose(base: &Config, incoming: &Config, raw: Option<&toml::Table>, mode: Im
     next.nodes = combine(&base.nodes, &incoming.nodes, section(raw, "nodes"), |n| &n.name, mode);
     next.categories = combine(&base.categories, &incoming.categories, section(raw, "categories"), |c| &c.name, mode);
     next.providers = combine(&base.providers, &incoming.providers, section(raw, "providers"), |p| &p.name, mode);
-    if mode == ImportMode::Replace {
-        next.proxy = incoming.proxy.clone();
-        next.health = incoming.health.clone();
-        next.breaker = incoming.breaker.clone();
-        next.retry = incoming.retry.clone();
-        next.queue = incoming.queue.clone();
-        next.alerts = incoming.alerts.clone();
-    }
+    next.proxy = take_section(&base.proxy, &incoming.proxy, raw, "proxy", mode);
+    next.health = take_section(&base.health, &incoming.health, raw, "health", mode);
+    next.breaker = take_section(&base.breaker, &incoming.breaker, raw, "breaker", mode);
+    next.retry = take_section(&base.retry, &incoming.retry, raw, "retry", mode);
+    next.queue = take_section(&base.queue, &incoming.queue, raw, "queue", mode);
+    next.alerts = take_section(&base.alerts, &incoming.alerts, raw, "alerts", mode);
     next
+}
+
+/// One settings section (`[proxy]`, `[health]`, ...): a replace takes the file's whole; a merge
+/// takes the keys the file sets and keeps the rest of `base` (a file without the section
+/// changes nothing there). Without the file's text every section counts as given.
+fn take_section<T: Clone + Serialize + DeserializeOwned>(
+    base: &T,
+    incoming: &T,
+    raw: Option<&toml::Table>,
+    key: &str,
+    mode: ImportMode,
+) -> T {
+    match (mode, raw) {
+        (ImportMode::Replace, _) | (ImportMode::Merge, None) => incoming.clone(),
+        (ImportMode::Merge, Some(raw)) => match raw.get(key).and_then(toml::Value::as_table) {
+            Some(patch) => overlay(base, patch, incoming),
+            None => base.clone(),
+        },
+    }
 }
 
 /// What the file says of one array section: `None` for "take every item whole" (no raw text),
@@ -250,23 +267,21 @@ fn fields<T: Serialize>(old: &T, new: &T) -> Vec<FieldChange> {
 }
 
 /// What changes from `base` to `next`, item by item, with every field.
-fn diff(base: &Config, next: &Config, mode: ImportMode) -> Vec<Change> {
+fn diff(base: &Config, next: &Config) -> Vec<Change> {
     let mut changes = Vec::new();
     list_diff("node", &base.nodes, &next.nodes, |n| &n.name, &mut changes);
     list_diff("category", &base.categories, &next.categories, |c| &c.name, &mut changes);
     list_diff("provider", &base.providers, &next.providers, |p| &p.name, &mut changes);
-    if mode == ImportMode::Replace {
-        let sections = [
-            ("proxy", fields(&base.proxy, &next.proxy)),
-            ("health", fields(&base.health, &next.health)),
-            ("breaker", fields(&base.breaker, &next.breaker)),
-            ("retry", fields(&base.retry, &next.retry)),
-            ("queue", fields(&base.queue, &next.queue)),
-            ("alerts", fields(&base.alerts, &next.alerts)),
-        ];
-        for (name, f) in sections.into_iter().filter(|(_, f)| !f.is_empty()) {
-            changes.push(Change { action: "changed", kind: "section", name: name.into(), fields: f });
-        }
+    let sections = [
+        ("proxy", fields(&base.proxy, &next.proxy)),
+        ("health", fields(&base.health, &next.health)),
+        ("breaker", fields(&base.breaker, &next.breaker)),
+        ("retry", fields(&base.retry, &next.retry)),
+        ("queue", fields(&base.queue, &next.queue)),
+        ("alerts", fields(&base.alerts, &next.alerts)),
+    ];
+    for (name, f) in sections.into_iter().filter(|(_, f)| !f.is_empty()) {
+        changes.push(Change { action: "changed", kind: "section", name: name.into(), fields: f });
     }
     changes
 }
@@ -508,13 +523,65 @@ pub fn share_text(config: &Config) -> String {
     for p in &mut shared.providers {
         p.base_url = redacted_url(&p.base_url);
     }
-    export_text(&shared)
+    let text = export_text(&shared);
+    let Ok(mut doc) = text.parse::<toml_edit::DocumentMut>() else { return text };
+    for key in MACHINE_LOCAL {
+        doc.remove(key);
+    }
+    if let Some(store) = doc.get_mut("store").and_then(toml_edit::Item::as_table_like_mut) {
+        store.remove("path");
+    }
+    let note = "# Left out, as they belong to each machine: listener and admin addresses, client key\n# bindings, the store's file. An import keeps the importing machine's own.\n";
+    format!(
+        "{}{note}{}",
+        text.lines().take(2).map(|l| format!("{l}\n")).collect::<String>(),
+        strip_header(&doc.to_string())
+    )
+}
+
+/// Sections of a config that describe one machine, never shared: where it listens (and which
+/// client keys each listener takes) and its admin listener. The store's file goes too.
+const MACHINE_LOCAL: [&str; 2] = ["listeners", "admin"];
+
+/// `text` without the two header comment lines `export_text` puts first.
+fn strip_header(text: &str) -> String {
+    text.lines().skip_while(|l| l.starts_with('#')).map(|l| format!("{l}\n")).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::NodeConfig;
+
+    #[test]
+    fn a_merge_takes_the_section_keys_the_file_sets_and_says_so() {
+        let mut base = Config::default();
+        base.retry.max_attempts = 4;
+        base.queue.max_requests = 77;
+        let file = "[retry]\nbackoff_base_ms = 7\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::Ids(BTreeSet::new())).expect("plans");
+        assert_eq!(p.next.retry.backoff_base_ms, 7, "the key the file sets");
+        assert_eq!(p.next.retry.max_attempts, 4, "the keys it does not set stay");
+        assert_eq!(p.next.queue.max_requests, 77, "a section the file lacks stays");
+        let change = p.changes.iter().find(|c| c.kind == "section").expect("the section change is listed");
+        assert_eq!((change.name.as_str(), change.fields.len()), ("retry", 1), "{change:?}");
+        assert_eq!(change.fields[0].field, "backoff_base_ms");
+    }
+
+    #[test]
+    fn shared_files_leave_out_what_belongs_to_the_machine() {
+        let mut c = Config::default();
+        c.store.path = Some("/home/ana/.local/share/corral/corral.db".into());
+        c.admin.addr = "127.0.0.1:11500".into();
+        let text = share_text(&c);
+        for local in ["/home/ana", "[admin]", "[[listeners]]", "11500"] {
+            assert!(!text.contains(local), "{local} is machine-local:\n{text}");
+        }
+        assert!(text.starts_with("# Corral config, exported by corral"), "{text}");
+        let back = Config::parse(&text).expect("still a valid config");
+        assert_eq!(back.categories, c.categories);
+        assert_eq!(back.store, Config::default().store, "an importer keeps its own store");
+    }
 
     #[test]
     fn shared_files_never_carry_url_credentials() {

@@ -139,6 +139,22 @@ test("export then import round-trips, with a preview of what changes", async () 
   await page.close();
 });
 
+test("a pasted import previews field by field, section keys in a merge too, and a re-pointed URL as a trust change", async () => {
+  const page = await open(b, c, "share");
+  const exported = await c.adminApi("GET", "/admin/config/export");
+  assert.doesNotMatch(exported, /\[admin\]|\[\[listeners\]\]|^addr =/m, "machine-local keys are not shared");
+  await page.click("text=…or paste a config");
+  await page.fill("[data-testid=import-paste]", `[[nodes]]\nname = "gpu0"\nurl = "http://10.9.9.9:11434"\n\n[retry]\nbackoff_base_ms = 7\n`);
+  await page.click("[data-testid=preview-paste]");
+  await page.waitForSelector("[data-testid=import-preview]");
+  const preview = await page.textContent("[data-testid=import-preview]");
+  assert.match(preview, /~ node gpu0 changed/);
+  assert.match(preview, /url: "http:\/\/127\.0\.0\.1:\d+" → "http:\/\/10\.9\.9\.9:11434"/);
+  assert.match(preview, /~ section retry changed\s*backoff_base_ms: \d+ → 7/);
+  assert.match(await page.textContent("[data-testid=trust-changes]"), /gpu0/);
+  await page.close();
+});
+
 test("a bad import file shows its problems and changes nothing", async () => {
   const page = await open(b, c, "share");
   const before = await c.adminApi("GET", "/admin/config/export");
