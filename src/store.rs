@@ -23,6 +23,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
 
+mod search;
+
+pub use search::{
+    attempts, count_requests, limit_of, page_requests, query_requests, request_by_id, samples, Attempt, Cursor,
+    GroupBy, Page, Sample,
+};
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot open the request store at {path}: {source}")]
@@ -111,7 +118,7 @@ enum Record {
     NodeEvent(NodeEventRow),
 }
 
-/// Filters for `history` and `/admin/requests`.
+/// Filters for `history` and `/admin/requests` (see [`search`] for how they match and page).
 #[derive(Debug, Clone, Default, serde::Deserialize)]
 pub struct Query {
     /// Only requests started at or after this (unix ms).
@@ -119,6 +126,13 @@ pub struct Query {
     pub node: Option<String>,
     pub category: Option<String>,
     pub status: Option<String>,
+    /// The model asked for or the one that answered.
+    pub model: Option<String>,
+    /// A request id or its start: Corral's id or the client's `X-Request-Id`.
+    pub id: Option<String>,
+    /// Only rows after this one (the next page).
+    pub before: Option<Cursor>,
+    /// The most rows to return (default 1000).
     pub limit: Option<i64>,
 }
 
@@ -286,61 +300,6 @@ impl Store {
     pub async fn node_events(&self, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {
         query_node_events(&self.pool, since_ms).await
     }
-}
-
-pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
-    let mut sql = String::from(
-        "SELECT id, started_at, finished_at, endpoint, category, origin, model, node, attempts, fallback, status, \
-         http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, streamed, interrupted, \
-         client_request_id, answered_model, failed_attempts, continued_by FROM requests WHERE started_at >= ?",
-    );
-    if q.node.is_some() {
-        sql += " AND node = ?";
-    }
-    if q.category.is_some() {
-        sql += " AND category = ?";
-    }
-    if q.status.is_some() {
-        sql += " AND status = ?";
-    }
-    sql += " ORDER BY started_at DESC, id LIMIT ?";
-    let mut query = sqlx::query(&sql).bind(q.since_ms.unwrap_or(0));
-    for v in [&q.node, &q.category, &q.status].into_iter().flatten() {
-        query = query.bind(v);
-    }
-    let rows = query.bind(q.limit.unwrap_or(1000).clamp(1, 1_000_000)).fetch_all(pool).await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| RequestRow {
-            id: r.get("id"),
-            started_at: r.get("started_at"),
-            finished_at: r.get("finished_at"),
-            endpoint: r.get("endpoint"),
-            category: r.get("category"),
-            origin: r.get("origin"),
-            model: r.get("model"),
-            node: r.get("node"),
-            attempts: r.get("attempts"),
-            fallback: r.get("fallback"),
-            status: r.get("status"),
-            http_status: r.get("http_status"),
-            error_code: r.get("error_code"),
-            queued_ms: r.get("queued_ms"),
-            ttfb_ms: r.get("ttfb_ms"),
-            total_ms: r.get("total_ms"),
-            prompt_tokens: r.get("prompt_tokens"),
-            completion_tokens: r.get("completion_tokens"),
-            streamed: r.get::<i64, _>("streamed") != 0,
-            interrupted: r.get::<i64, _>("interrupted") != 0,
-            client_request_id: r.get("client_request_id"),
-            answered_model: r.get("answered_model"),
-            failed_attempts: r
-                .get::<Option<String>, _>("failed_attempts")
-                .and_then(|j| serde_json::from_str(&j).ok())
-                .unwrap_or_default(),
-            continued_by: r.get("continued_by"),
-        })
-        .collect())
 }
 
 pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {

@@ -147,7 +147,8 @@ fn admin_help(config: &crate::config::Config) -> Value {
         "endpoints": super::ROUTES.iter().map(|r| line(&r)).collect::<Vec<_>>(),
         "protected": protected.len(),
         "notes": {
-            "/admin/requests": "?since=&node=&category=&status=&limit=",
+            "/admin/requests": "?since=&node=&category=&status=&model=&id=&before=&limit= (newest first; total, more, next_before)",
+            "/admin/requests/summary": "?range=1h&by=model|node",
             "/admin/config/import": "?mode=merge|replace&dry_run=true",
             "/admin/events": "SSE: node_state, request, config_reload, fallback_share",
             "/admin/charts/{file}": "{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m",

@@ -2,12 +2,13 @@
 //!
 //! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker). CSV cells
 //! that a spreadsheet would run as a formula are prefixed with `'` (model names, paths and
-//! error texts come from clients).
+//! error texts come from clients). When `--limit` cut the list short, stderr says so with the
+//! full count, whatever the format, so stdout stays clean JSON or CSV.
 
 use std::path::Path;
 use std::process::ExitCode;
 
-use corral::store::{query_requests, Query, RequestRow};
+use corral::store::{page_requests, Query, RequestRow};
 
 use super::args::HistoryArgs;
 
@@ -27,8 +28,14 @@ pub async fn run(a: HistoryArgs) -> ExitCode {
         Ok(p) => p,
         Err(code) => return code,
     };
-    let query =
-        Query { since_ms: Some(since_ms), node: a.node, category: a.category, status: a.status, limit: Some(a.limit) };
+    let query = Query {
+        since_ms: Some(since_ms),
+        node: a.node,
+        category: a.category,
+        status: a.status,
+        limit: Some(a.limit),
+        ..Query::default()
+    };
     print(&db, query, a.format).await
 }
 
@@ -45,13 +52,14 @@ async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let rows = match query_requests(&pool, &query).await {
-        Ok(r) => r,
+    let page = match page_requests(&pool, &query).await {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(1);
         }
     };
+    let rows = page.rows;
     match format {
         Format::Json => match serde_json::to_string_pretty(&rows) {
             Ok(s) => println!("{s}"),
@@ -68,7 +76,32 @@ async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
         }
         Format::Table => table(&rows),
     }
+    if page.more {
+        eprintln!("{}", cut_note(rows.len(), page.total));
+    }
     ExitCode::SUCCESS
+}
+
+/// What stderr says when `--limit` stopped the list: "showing the newest 100 of 2,345; --limit N
+/// for more".
+fn cut_note(shown: usize, total: i64) -> String {
+    format!("showing the newest {} of {}; --limit N for more", grouped(shown as i64), grouped(total))
+}
+
+/// `2345` as `2,345`.
+fn grouped(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
 }
 
 /// The columns of `corral history --format csv`: `RequestRow`'s fields, in order (a test keeps
@@ -184,6 +217,13 @@ fn truncate(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cut_note_names_both_counts_readably() {
+        assert_eq!(cut_note(100, 2345), "showing the newest 100 of 2,345; --limit N for more");
+        assert_eq!(grouped(1_000_000), "1,000,000");
+        assert_eq!(grouped(999), "999");
+    }
 
     #[test]
     fn the_csv_columns_are_the_records_fields() {

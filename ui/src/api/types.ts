@@ -314,6 +314,22 @@ export interface RequestRow {
   completion_tokens: number | null;
   streamed: boolean;
   interrupted: boolean;
+  /** The `X-Request-Id` the client sent, if any. */
+  client_request_id?: string | null;
+  /** The model that answered, when it is not the one asked for (a cloud provider's). */
+  answered_model?: string | null;
+  /** The attempts that failed before the answer (or before giving up), in order. */
+  failed_attempts?: FailedAttempt[];
+  /** The node that continued the answer after its stream broke. */
+  continued_by?: string | null;
+}
+
+/** One attempt that did not answer (store `FailedAttempt`). */
+export interface FailedAttempt {
+  node: string;
+  /** An outcome name: `failed`, `silent`, `busy`, `connect_failed`, `timed_out`... */
+  outcome: string;
+  detail: string;
 }
 
 /** Filters of `GET /admin/requests`; empty values are left out. */
@@ -323,13 +339,81 @@ export interface RequestsQuery {
   node?: string;
   category?: string;
   status?: RequestStatus;
+  /** The model asked for or the one that answered. */
+  model?: string;
+  /** A request id or its start: Corral's id or the client's `X-Request-Id`. */
+  id?: string;
+  /** `next_before` of the page before: the page after it. */
+  before?: string;
+  /** Rows per page (default 1000). */
   limit?: number;
 }
 
 export interface RequestsPage {
+  /** Newest first. */
   requests: RequestRow[];
+  /** Rows matching the filters on every page together. */
+  total: number;
+  /** Whether older rows match too. */
+  more: boolean;
+  /** Give it back as `before` for the next page; null on the last one. */
+  next_before: string | null;
+  /** The page size applied. */
+  limit: number;
   /** Records the store had to drop because it fell behind. */
   dropped_records: number;
+}
+
+/** One try at answering a request (store `Attempt`), in the order they happened. */
+export interface RequestAttempt {
+  /** 1 for the first. */
+  n: number;
+  node: string | null;
+  /** The cloud provider it went to. */
+  provider: string | null;
+  /** The model that answered, when it is not the one asked for. */
+  model: string | null;
+  /** An outcome name for a failed one, the request's status for the one that ended it, `cut` for a stream another node continued. */
+  outcome: string;
+  detail: string | null;
+  http_status: number | null;
+  error_code: string | null;
+  ttfb_ms: number | null;
+  total_ms: number | null;
+}
+
+/** `GET /admin/requests/{id}`. */
+export interface RequestDetail {
+  request: RequestRow;
+  attempts: RequestAttempt[];
+}
+
+export type SummaryBy = "model" | "node";
+
+/** Counts, errors, latency and tokens of one model or node (admin `Group`). */
+export interface SummaryGroup {
+  /** The model or node (`cloud:<provider>` for a provider); null when nothing answered. */
+  key: string | null;
+  requests: number;
+  /** Neither `ok` nor `client_error`. */
+  errors: number;
+  client_errors: number;
+  p50_ms: number | null;
+  p95_ms: number | null;
+  prompt_tokens: number;
+  completion_tokens: number;
+  tokens: number;
+}
+
+/** `GET /admin/requests/summary?range=&by=`: requests that started in the range and ended. */
+export interface RequestsSummary {
+  range: string;
+  /** Unix ms the range starts at. */
+  since: number;
+  by: SummaryBy;
+  /** The busiest first. */
+  groups: SummaryGroup[];
+  all: SummaryGroup;
 }
 
 // ---- charts (admin.rs chart, src/charts.rs) ----
