@@ -312,6 +312,7 @@ impl Sockets {
             shared: Arc::clone(shared),
             token: Arc::clone(admin_token),
             drills: Default::default(),
+            latency: Default::default(),
         });
         let (stop, admin_addr, admin) = (cancel.clone(), self.admin_addr, self.admin);
         tracker.spawn(async move {

@@ -24,6 +24,7 @@ mod config;
 mod drill;
 mod error;
 mod events;
+mod latency;
 mod models;
 mod nodes;
 mod providers;
@@ -46,6 +47,7 @@ use crate::state::Shared;
 
 pub use drill::Drills;
 pub use error::AdminError;
+pub use latency::Latencies;
 pub use requests::parse_since;
 
 #[derive(Clone)]
@@ -54,6 +56,8 @@ pub struct AdminState {
     pub token: Arc<String>,
     /// The drill running now, if any (`POST /admin/drill`): one at a time.
     pub drills: Drills,
+    /// The last latency test result per node and model (`/admin/latency`).
+    pub latency: Latencies,
 }
 
 /// Who may call a route.
@@ -124,7 +128,12 @@ pub const ROUTES: &[Route] = &[
     protected(Method::GET, "/admin/requests/{id}", |m| on(m, requests::get)),
     protected(Method::GET, "/admin/charts/{file}", |m| on(m, charts::chart)),
     protected(Method::GET, "/admin/events", |m| on(m, events::events)),
+    protected(Method::GET, "/admin/models", |m| on(m, models::matrix)),
     protected(Method::POST, "/admin/models/pull", |m| on(m, models::pull_model)),
+    protected(Method::POST, "/admin/models/delete", |m| on(m, models::delete)),
+    protected(Method::POST, "/admin/models/copy", |m| on(m, models::copy)),
+    protected(Method::GET, "/admin/latency", |m| on(m, latency::list)),
+    protected(Method::POST, "/admin/latency", |m| on(m, latency::run)),
 ];
 
 /// The admin router, built from [`ROUTES`] only. Protected routes sit behind one
@@ -233,7 +242,12 @@ mod tests {
         let telemetry = Arc::new(crate::telemetry::Telemetry::new(None, crate::telemetry::Telemetry::bus()));
         let cancel = tokio_util::sync::CancellationToken::new();
         let shared = Shared::new(config, registry, reqwest::Client::new(), cancel, telemetry, Some(1));
-        AdminState { shared: Arc::new(shared), token: Arc::new(TOKEN.into()), drills: Default::default() }
+        AdminState {
+            shared: Arc::new(shared),
+            token: Arc::new(TOKEN.into()),
+            drills: Default::default(),
+            latency: Default::default(),
+        }
     }
 
     /// A concrete path for a table path: every `{param}` or `{*rest}` segment becomes `x`.

@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 
 use super::{commit, parse, AdminError, AdminState};
 use crate::config::{Config, NodeConfig};
-use crate::health::check_liveness;
 use crate::node::{Admin, Health, Node};
 
 /// One node as every admin read shows it (also the `nodes` of `/admin/status`).
@@ -124,19 +123,26 @@ pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Time one liveness probe of a node (the UI's "test latency" button); a failed one says why
-/// (`error`: "connection refused at http://...").
-pub(super) async fn test(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
+/// The body of `POST /admin/nodes/{name}/test`, which may be empty.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TestAsk {
+    /// Time to first token of this model; none: one timed liveness probe.
+    model: Option<String>,
+}
+
+/// The latency test of one node (the UI's "Test" button): one timed liveness probe, or with a
+/// `model` its time to first token. A failed one says why (`error`: "connection refused at
+/// http://..."). Kept with the others of `/admin/latency`.
+pub(super) async fn test(
+    State(s): State<AdminState>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, AdminError> {
+    let ask: TestAsk = if body.is_empty() { TestAsk::default() } else { parse(&body)? };
     let node = s.shared.registry.get(&name).ok_or(AdminError::NotFound { kind: "node", name: name.clone() })?;
-    let timeout = std::time::Duration::from_millis(s.shared.config().health.timeout_ms.max(1_000));
-    let started = tokio::time::Instant::now();
-    let result = check_liveness(&s.shared.client, &node, timeout).await;
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
-    Ok(Json(json!({
-        "name": name,
-        "ok": result.is_ok(),
-        "ms": ms,
-        "timeout_ms": timeout.as_millis() as u64,
-        "error": result.err(),
-    })))
+    let measured = super::latency::measure(&s, &node, ask.model.as_deref()).await;
+    let mut v = json!(measured);
+    v["name"] = json!(name);
+    Ok(Json(v))
 }

@@ -641,7 +641,13 @@ async fn relay_lines(
         (v.get("status").and_then(Value::as_str) != Some("success")).then_some(v)
     };
     loop {
-        match stream.next().await {
+        // A client that went away ends the node's part at once, even while the node is quiet:
+        // dropping the request is how Ollama learns to stop (a pull runs under its context).
+        let next = tokio::select! {
+            next = stream.next() => next,
+            _ = tx.closed() => return ended(499, Some("client went away".into())),
+        };
+        match next {
             Some(Ok(chunk)) => {
                 buf.extend_from_slice(&chunk);
                 while let Some(pos) = buf.iter().position(|b| *b == b'\n') {

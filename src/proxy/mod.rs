@@ -569,22 +569,37 @@ async fn fall_back(
 /// `/api/pull` of `model` onto `nodes` (all serving nodes when empty), with per-node progress:
 /// what `corral models pull` and the admin API's pull use.
 pub async fn pull(shared: &Shared, model: &str, nodes: &[String]) -> Response {
+    let body = serde_json::json!({ "model": model, "stream": true });
+    model_operation(shared, &Method::POST, "/api/pull", body, model, nodes).await
+}
+
+/// A model operation (`/api/pull`, `/api/delete`, `/api/copy`) with Ollama's request `body`,
+/// sent to `nodes` (all serving nodes when empty) and answered as the fan-out answers a
+/// client's; recorded like a client's, from the admin API's own origin.
+pub async fn model_operation(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    body: serde_json::Value,
+    model: &str,
+    nodes: &[String],
+) -> Response {
     let mut headers = HeaderMap::new();
     if !nodes.is_empty() {
         if let Ok(v) = HeaderValue::from_str(&nodes.join(",")) {
             headers.insert("x-corral-node", v);
         }
     }
-    let body = axum::body::Bytes::from(serde_json::json!({ "model": model, "stream": true }).to_string());
+    let streamed = body.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+    let body = axum::body::Bytes::from(body.to_string());
     let wait = Duration::from_millis(shared.config().category("default").map_or(30_000, |c| c.queue_timeout_ms));
-    // Recorded like a client's pull, from the admin API's own origin.
     let id = uuid::Uuid::new_v4().to_string();
-    let mut trace = Some(shared.telemetry.begin(&id, "/api/pull", "admin", None));
+    let mut trace = Some(shared.telemetry.begin(&id, path, "admin", None));
     if let Some(t) = trace.as_mut() {
         t.row.model = model.to_string();
-        t.row.streamed = true;
+        t.row.streamed = streamed;
     }
-    let op = fanout::ModelOp { method: &Method::POST, path: "/api/pull", headers: &headers, model: Some(model), wait };
+    let op = fanout::ModelOp { method, path, headers: &headers, model: Some(model), wait };
     match fanout::model_op(shared, op, body, &mut trace).await {
         Ok(r) => r,
         Err(e) => {

@@ -49,6 +49,10 @@ fn stats(s: &Shared) -> Response {
         "completed": s.completed.load(Ordering::Acquire),
         "streaming": s.streaming.load(Ordering::Acquire),
         "cancelled": s.cancelled.load(Ordering::Acquire),
+        "pulling": s.pulling.load(Ordering::Acquire),
+        "pulls_completed": s.pulls_completed.load(Ordering::Acquire),
+        "pulls_cancelled": s.pulls_cancelled.load(Ordering::Acquire),
+        "pulled_bytes": s.pulled_bytes.load(Ordering::Acquire),
     }))
     .into_response()
 }

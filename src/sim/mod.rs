@@ -18,10 +18,12 @@
 //! then hands it to `ollama` (`/api/*`, `/`), `openai` (`/v1/*`) or `control` (`/_sim/*`);
 //! `inference` is the generation both dialects share, `text` the deterministic words.
 
+mod catalog;
 mod control;
 mod inference;
 mod ollama;
 mod openai;
+mod pull;
 mod router;
 pub mod text;
 
@@ -66,6 +68,12 @@ pub struct SimSpec {
     /// does with thinking on: `/v1/chat/completions` answers 400. Off: a prefill is continued,
     /// as Ollama continues it.
     pub refuse_prefill: bool,
+    /// How long a pull of a whole model takes, in ms (progress lines every 60 ms, as Ollama
+    /// sends them). 0: eleven steps at the token pace (instant with `tps` 0).
+    pub pull_ms: u64,
+    /// Models held at an older revision: listed with another digest than on other nodes until
+    /// pulled again (a pull brings the current one).
+    pub older: Vec<String>,
 }
 
 impl Default for SimSpec {
@@ -83,6 +91,8 @@ impl Default for SimSpec {
             echo: false,
             registry: None,
             refuse_prefill: false,
+            pull_ms: 0,
+            older: Vec::new(),
         }
     }
 }
@@ -182,6 +192,8 @@ pub struct Faults {
     /// Pulls fail with this error, as Ollama's do: streamed after the manifest line (the status
     /// stays 200), or 500 when not streamed.
     pub fail_pulls: Option<String>,
+    /// How long a whole pull takes (overrides the spec's `pull_ms`).
+    pub pull_ms: Option<u64>,
 }
 
 impl Faults {
@@ -211,6 +223,18 @@ struct Shared {
     faults: Mutex<Faults>,
     /// Models on "disk" (`/api/tags`): starts as the spec's, changed by pull, copy, create, delete.
     models: Mutex<Vec<String>>,
+    /// Held models that are not the catalogue's current revision of their own name: copies
+    /// (their source's) and `SimSpec::older` ones.
+    origins: Mutex<std::collections::HashMap<String, catalog::Origin>>,
+    /// Bytes of each layer (by digest) on disk: whole for pulled layers, part for a pull the
+    /// client abandoned (Ollama keeps the part and resumes from it).
+    layers: Mutex<std::collections::HashMap<String, u64>>,
+    /// Pulls streaming now, pulls that ended with `success`, pulls the client abandoned, and
+    /// the layer bytes every pull has "downloaded".
+    pulling: AtomicUsize,
+    pulls_completed: AtomicUsize,
+    pulls_cancelled: AtomicUsize,
+    pulled_bytes: std::sync::atomic::AtomicU64,
     /// Digests uploaded with `POST /api/blobs/:digest`.
     blobs: Mutex<Vec<String>>,
     received: Mutex<Vec<Received>>,
@@ -244,21 +268,52 @@ impl Shared {
         self.models.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// A pulled or created model: the catalogue's current revision of its name.
     fn add_model(&self, model: &str) {
         let m = crate::config::normalize_model(model);
+        self.origins.lock().unwrap_or_else(|p| p.into_inner()).remove(&m);
+        self.hold(&m);
+    }
+
+    /// `model` as a copy of `origin` (its digest and facts).
+    fn add_copy(&self, model: &str, origin: catalog::Origin) {
+        let m = crate::config::normalize_model(model);
+        self.origins.lock().unwrap_or_else(|p| p.into_inner()).insert(m.clone(), origin);
+        self.hold(&m);
+    }
+
+    fn hold(&self, m: &str) {
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
-        if !models.contains(&m) {
-            models.push(m);
+        if !models.iter().any(|x| x == m) {
+            models.push(m.to_string());
         }
+    }
+
+    /// What a held (or about to be pulled) model is.
+    fn origin(&self, model: &str) -> catalog::Origin {
+        let m = crate::config::normalize_model(model);
+        let origins = self.origins.lock().unwrap_or_else(|p| p.into_inner());
+        origins.get(&m).cloned().unwrap_or_else(|| catalog::Origin::current(&m))
     }
 
     fn remove_model(&self, model: &str) -> bool {
         let m = crate::config::normalize_model(model);
+        let origin = self.origin(&m);
         let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
         let before = models.len();
         models.retain(|x| *x != m);
+        let removed = models.len() != before;
+        drop(models);
+        self.origins.lock().unwrap_or_else(|p| p.into_inner()).remove(&m);
         self.loaded.lock().unwrap_or_else(|p| p.into_inner()).retain(|x| *x != m);
-        models.len() != before
+        // Ollama removes the blobs no other model still uses.
+        if removed && !self.models().iter().any(|x| self.origin(x) == origin) {
+            let mut layers = self.layers.lock().unwrap_or_else(|p| p.into_inner());
+            for l in catalog::layers(&origin) {
+                layers.remove(&l.digest);
+            }
+        }
+        removed
     }
 }
 
@@ -282,9 +337,29 @@ impl SimNode {
     pub async fn start_on(addr: SocketAddr, spec: SimSpec) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
+        let models: Vec<String> = spec.models.iter().map(|m| crate::config::normalize_model(m)).collect();
+        let origins: std::collections::HashMap<_, _> = spec
+            .older
+            .iter()
+            .map(|m| crate::config::normalize_model(m))
+            .filter(|m| models.contains(m))
+            .map(|m| (m.clone(), catalog::Origin { base: m, revision: catalog::CURRENT - 1 }))
+            .collect();
+        // What the node holds is on its disk, every layer whole.
+        let layers = models
+            .iter()
+            .flat_map(|m| catalog::layers(origins.get(m).unwrap_or(&catalog::Origin::current(m))))
+            .map(|l| (l.digest, l.size))
+            .collect();
         let shared = Arc::new(Shared {
             slots: Arc::new(Semaphore::new(spec.parallel.max(1))),
-            models: Mutex::new(spec.models.iter().map(|m| crate::config::normalize_model(m)).collect()),
+            models: Mutex::new(models),
+            origins: Mutex::new(origins),
+            layers: Mutex::new(layers),
+            pulling: AtomicUsize::new(0),
+            pulls_completed: AtomicUsize::new(0),
+            pulls_cancelled: AtomicUsize::new(0),
+            pulled_bytes: std::sync::atomic::AtomicU64::new(0),
             spec,
             addr,
             faults: Mutex::new(Faults::default()),
@@ -362,12 +437,37 @@ impl SimNode {
         self.shared.models()
     }
 
-    /// Answers mid-stream right now: first chunk sent, not ended.
     /// Digests this node holds blobs for.
     pub fn blobs(&self) -> Vec<String> {
         self.shared.blobs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Pulls streaming right now.
+    pub fn pulling(&self) -> usize {
+        self.shared.pulling.load(Ordering::Acquire)
+    }
+
+    /// Pulls the client abandoned before `success` (the node stopped downloading then).
+    pub fn pulls_cancelled(&self) -> usize {
+        self.shared.pulls_cancelled.load(Ordering::Acquire)
+    }
+
+    /// Pulls that ended with `success`.
+    pub fn pulls_completed(&self) -> usize {
+        self.shared.pulls_completed.load(Ordering::Acquire)
+    }
+
+    /// Layer bytes every pull has downloaded so far.
+    pub fn pulled_bytes(&self) -> u64 {
+        self.shared.pulled_bytes.load(Ordering::Acquire)
+    }
+
+    /// The digest `/api/tags` lists for a held model, if held.
+    pub fn digest(&self, model: &str) -> Option<String> {
+        self.shared.serves(model).then(|| self.shared.origin(model).digest())
+    }
+
+    /// Answers mid-stream right now: first chunk sent, not ended.
     pub fn streaming(&self) -> usize {
         self.shared.streaming.load(Ordering::Acquire)
     }
@@ -439,6 +539,10 @@ pub async fn demo_nodes(n: usize) -> std::io::Result<(Vec<SimNode>, Vec<crate::c
             models: catalog[i % catalog.len()].iter().map(|s| s.to_string()).collect(),
             tps: 40.0 + 10.0 * i as f64,
             ttft: Duration::from_millis(120 + 40 * i as u64),
+            // Pulls take a while, so their progress (and Cancel) can be seen.
+            pull_ms: 8_000 + 2_000 * i as u64,
+            // The third node has not pulled llama3.2 since it was updated: another digest.
+            older: if i == 2 { vec!["llama3.2:latest".into()] } else { Vec::new() },
             ..SimSpec::default()
         };
         let node = SimNode::start(spec).await?;

@@ -8,19 +8,17 @@
 //! same on every node and every run. Generation itself is in `inference`.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
-use http::{header, HeaderValue, Method, StatusCode};
+use http::{header, Method, StatusCode};
 use serde_json::{json, Value};
 
 use super::inference::{embed, inference, Answer, Chunk, Kind};
 use super::router::{not_found, Incoming};
-use super::text;
-use super::{Pace, Shared};
+use super::Shared;
 
 /// Ollama's routes, `/api/version` aside (the router answers it before the flap check).
 pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
@@ -29,7 +27,8 @@ pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
             (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running").into_response()
         }
         (Method::GET, "/api/tags") => {
-            axum::Json(json!({ "models": s.models().iter().map(|m| tag_entry(m)).collect::<Vec<_>>() })).into_response()
+            axum::Json(json!({ "models": s.models().iter().map(|m| tag_entry(&s, m)).collect::<Vec<_>>() }))
+                .into_response()
         }
         (Method::GET, "/api/ps") => ps(&s),
         // `GET` is the liveness probe, answered in `router`; `HEAD` only says the same.
@@ -43,7 +42,7 @@ pub(super) async fn route(s: Arc<Shared>, call: Incoming) -> Response {
         (Method::POST, "/api/chat") => inference(s, Kind::Chat, call.body).await,
         (Method::POST, "/api/generate") => inference(s, Kind::Generate, call.body).await,
         (Method::POST, "/api/embed" | "/api/embeddings") => embed(s, &call.path, call.body).await,
-        (Method::POST, "/api/pull") => pull(s, &call.body).await,
+        (Method::POST, "/api/pull") => super::pull::pull(s, &call.body).await,
         (Method::DELETE, "/api/delete") => delete(&s, call.model),
         (Method::POST, "/api/copy") => copy(&s, call.json.as_ref()),
         (Method::POST, "/api/create") => create(&s, call.model, call.json.as_ref()),
@@ -77,44 +76,23 @@ pub(super) fn error(status: StatusCode, msg: &str) -> Response {
     (status, axum::Json(json!({ "error": msg }))).into_response()
 }
 
-fn digest(model: &str) -> String {
-    let mut r = text::SplitMix::new(text::hash(&[model]));
-    (0..4).map(|_| format!("{:016x}", r.next_u64())).collect()
-}
-
-fn model_size(model: &str) -> u64 {
-    if is_embedding_model(model) {
-        274_302_450
-    } else {
-        2_019_393_189 + (text::hash(&[model]) % 1_000_000)
-    }
-}
-
 pub(super) fn is_embedding_model(model: &str) -> bool {
     model.contains("embed")
 }
 
-fn details(model: &str) -> Value {
-    let family = if is_embedding_model(model) { "nomic-bert" } else { "llama" };
-    json!({
-        "parent_model": "",
-        "format": "gguf",
-        "family": family,
-        "families": [family],
-        "parameter_size": if is_embedding_model(model) { "137M" } else { "3.2B" },
-        "quantization_level": if is_embedding_model(model) { "F16" } else { "Q4_K_M" },
-    })
-}
-
-fn tag_entry(model: &str) -> Value {
+/// One `/api/tags` entry: the held model's size, manifest digest and details (a copy's are its
+/// source's).
+fn tag_entry(s: &Shared, model: &str) -> Value {
     let name = crate::config::normalize_model(model);
+    let origin = s.origin(&name);
+    let facts = origin.facts();
     json!({
         "name": name,
         "model": name,
         "modified_at": "2026-10-01T12:00:00.000000000Z",
-        "size": model_size(model),
-        "digest": digest(&name),
-        "details": details(model),
+        "size": facts.size(),
+        "digest": origin.digest(),
+        "details": facts.details(),
     })
 }
 
@@ -129,10 +107,11 @@ fn ps(s: &Shared) -> Response {
     let models: Vec<Value> = loaded
         .iter()
         .map(|m| {
-            let size = model_size(m);
+            let origin = s.origin(m);
+            let size = origin.facts().size();
             let until = expires.get(m).copied().unwrap_or(now + time::Duration::minutes(5));
             json!({
-                "name": m, "model": m, "size": size, "digest": digest(m), "details": details(m),
+                "name": m, "model": m, "size": size, "digest": origin.digest(), "details": origin.facts().details(),
                 "expires_at": rfc3339(until), "size_vram": size, "context_length": 4096,
             })
         })
@@ -157,79 +136,18 @@ fn show(s: &Shared, body: &Bytes) -> Response {
         return error(StatusCode::NOT_FOUND, &format!("model '{model}' not found"));
     }
     let caps = if is_embedding_model(model) { vec!["embedding"] } else { vec!["completion", "tools"] };
+    let facts = s.origin(model).facts();
     axum::Json(json!({
         "license": "simulated model, no license",
         "modelfile": format!("# Modelfile generated by corral sim\nFROM {model}\n"),
         "parameters": "temperature 0.8\nnum_ctx 4096",
         "template": if is_embedding_model(model) { "{{ .Prompt }}" } else { TOOLS_TEMPLATE },
-        "details": details(model),
-        "model_info": { "general.architecture": details(model)["family"], "general.parameter_count": 3_212_749_888u64, "llama.context_length": 131_072 },
+        "details": facts.details(),
+        "model_info": { "general.architecture": facts.family, "general.parameter_count": facts.parameter_count, "llama.context_length": 131_072 },
         "capabilities": caps,
         "modified_at": "2026-10-01T12:00:00.000000000Z",
     }))
     .into_response()
-}
-
-/// A pull in Ollama's words: manifest, layer progress, verify, write, success. The model is on
-/// the node afterwards. Progress lines come at the node's token pace, so bars move visibly.
-async fn pull(s: Arc<Shared>, body: &Bytes) -> Response {
-    let req = serde_json::from_slice::<Value>(body).ok();
-    let model =
-        req.as_ref().and_then(|v| v.get("model").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_string));
-    let Some(model) = model else { return error(StatusCode::BAD_REQUEST, "model is required") };
-    let stream = req.as_ref().and_then(|v| v.get("stream")).and_then(Value::as_bool).unwrap_or(true);
-    let (pace, mut failure) = {
-        let f = s.faults();
-        (Pace::of(&s.spec, &f), f.fail_pulls.clone())
-    };
-    let known =
-        |r: &Vec<String>| r.iter().any(|m| crate::config::normalize_model(m) == crate::config::normalize_model(&model));
-    if s.spec.registry.as_ref().is_some_and(|r| !known(r)) {
-        failure.get_or_insert_with(|| "pull model manifest: file does not exist".into());
-    }
-    if let Some(e) = failure {
-        if !stream {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, &e);
-        }
-        let body = format!("{}\n{}\n", json!({"status": "pulling manifest"}), json!({ "error": e }));
-        return (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
-    }
-    let total = model_size(&model);
-    let d = digest(&model);
-    let mut lines = vec![json!({"status": "pulling manifest"})];
-    for step in 0..=10u64 {
-        let mut line =
-            json!({"status": format!("pulling {}", &d[..12]), "digest": format!("sha256:{d}"), "total": total});
-        // `completed` is `omitempty` in Ollama's ProgressResponse: absent while zero.
-        if step > 0 {
-            line["completed"] = json!(total * step / 10);
-        }
-        lines.push(line);
-    }
-    lines.extend([
-        json!({"status": "verifying sha256 digest"}),
-        json!({"status": "writing manifest"}),
-        json!({"status": "success"}),
-    ]);
-    if !stream {
-        tokio::time::sleep(pace.per_token * lines.len() as u32).await;
-        s.add_model(&model);
-        return axum::Json(json!({"status": "success"})).into_response();
-    }
-    let state = (lines.into_iter(), s, model, pace.per_token, true);
-    let body = futures_util::stream::unfold(state, |(mut it, s, model, delay, first)| async move {
-        let line = it.next()?;
-        if !first {
-            tokio::time::sleep(delay).await;
-        }
-        if line["status"] == "success" {
-            s.add_model(&model);
-        }
-        Some((Ok::<_, Infallible>(Bytes::from(format!("{line}\n"))), (it, s, model, delay, false)))
-    });
-    let mut r = Response::new(Body::from_stream(body));
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
-    r
 }
 
 fn delete(s: &Shared, model: Option<String>) -> Response {
@@ -244,10 +162,11 @@ fn copy(s: &Shared, req: Option<&Value>) -> Response {
     let field = |k: &str| req.and_then(|v| v.get(k)).and_then(Value::as_str).map(str::to_string);
     match (field("source"), field("destination")) {
         (Some(src), Some(dst)) if s.serves(&src) => {
-            s.add_model(&dst);
+            s.add_copy(&dst, s.origin(&src));
             StatusCode::OK.into_response()
         }
-        (Some(src), Some(_)) => error(StatusCode::NOT_FOUND, &format!("model '{src}' not found")),
+        // Ollama's `CopyHandler` quotes the source with %q: `model "x" not found`.
+        (Some(src), Some(_)) => error(StatusCode::NOT_FOUND, &format!("model {src:?} not found")),
         _ => error(StatusCode::BAD_REQUEST, "source and destination are required"),
     }
 }

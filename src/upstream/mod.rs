@@ -285,6 +285,20 @@ impl Upstream<'_> {
         }
     }
 
+    /// Time to first token of `model`: a streamed one-token generation, timed to its first
+    /// content chunk. If it fails, why.
+    pub async fn first_token(
+        &self,
+        client: &reqwest::Client,
+        model: &str,
+        timeout: Duration,
+    ) -> Result<probe::FirstToken, probe::ProbeError> {
+        match self.dialect {
+            Dialect::Ollama => ollama::first_token(self, client, model, timeout).await,
+            Dialect::Openai => openai::first_token(self, client, model, timeout).await,
+        }
+    }
+
     /// Which models it has and which are loaded.
     pub async fn inventory(&self, client: &reqwest::Client, timeout: Duration) -> Inventory {
         match self.dialect {

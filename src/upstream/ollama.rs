@@ -58,6 +58,24 @@ pub(super) async fn readiness(
     probe::exchange(client.post(up.url("/api/generate")).json(&body), timeout).await
 }
 
+/// Time to first token: a streamed one-token generate (`num_predict` 1), timed to its first
+/// line with text (`response` or `thinking`), or to its `done` line when the token was empty.
+pub(super) async fn first_token(
+    up: &Upstream<'_>,
+    client: &reqwest::Client,
+    model: &str,
+    timeout: Duration,
+) -> Result<probe::FirstToken, ProbeError> {
+    let body = serde_json::json!({"model": model, "prompt": "ping", "stream": true, "options": {"num_predict": 1}});
+    probe::first_token(client.post(up.url("/api/generate")).json(&body), timeout, is_content).await
+}
+
+fn is_content(line: &[u8]) -> bool {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else { return false };
+    let said = |k: &str| v.get(k).and_then(serde_json::Value::as_str).is_some_and(|t| !t.is_empty());
+    said("response") || said("thinking") || v.get("done").and_then(serde_json::Value::as_bool) == Some(true)
+}
+
 pub(super) async fn warm_up(up: &Upstream<'_>, client: &reqwest::Client, model: &str, timeout: Duration) -> bool {
     let body = serde_json::json!({"model": model, "keep_alive": "5m"});
     matches!(

@@ -38,6 +38,31 @@ pub(super) async fn readiness(
     probe::exchange(client.post(up.url("/v1/chat/completions")).json(&body), timeout).await
 }
 
+/// Time to first token: a streamed one-token chat, timed to its first SSE event with text
+/// (`delta.content` or `delta.reasoning_content` / `reasoning`) or a `finish_reason`.
+pub(super) async fn first_token(
+    up: &Upstream<'_>,
+    client: &reqwest::Client,
+    model: &str,
+    timeout: Duration,
+) -> Result<probe::FirstToken, ProbeError> {
+    let m = model.strip_suffix(":latest").unwrap_or(model);
+    let body = json!({"model": m, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1, "stream": true});
+    probe::first_token(client.post(up.url("/v1/chat/completions")).json(&body), timeout, is_content).await
+}
+
+fn is_content(line: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(line);
+    let Some(data) = text.trim().strip_prefix("data:").map(str::trim) else { return false };
+    if data == "[DONE]" {
+        return true;
+    }
+    let Ok(v) = serde_json::from_str::<Value>(data) else { return false };
+    let choice = &v["choices"][0];
+    let said = |k: &str| choice["delta"][k].as_str().is_some_and(|t| !t.is_empty());
+    said("content") || said("reasoning_content") || said("reasoning") || !choice["finish_reason"].is_null()
+}
+
 pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Inventory {
     let Some(v) = get_json(client, up.url("/v1/models"), timeout).await else { return Inventory::default() };
     let names = models_as_tags(&v)["models"]

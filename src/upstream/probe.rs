@@ -100,6 +100,70 @@ pub async fn exchange(request: reqwest::RequestBuilder, timeout: Duration) -> Re
     Err(ProbeError::Status { status: status.as_u16(), excerpt: excerpt(&head_of(resp, left).await) })
 }
 
+/// What a first-token probe measured: when the answer's head came, and when its first
+/// content chunk did (ms from sending).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirstToken {
+    pub head_ms: f64,
+    pub first_token_ms: f64,
+}
+
+/// Send `request` (a streamed one-token generation) and time its answer: the head, then the
+/// first line `is_content` takes for content (NDJSON or SSE, one line at a time), all within
+/// `timeout`. A non-2xx is `Status` with what the body said; an `error` line, or a stream that
+/// ends before any content, is the node's words.
+pub async fn first_token(
+    request: reqwest::RequestBuilder,
+    timeout: Duration,
+    is_content: fn(&[u8]) -> bool,
+) -> Result<FirstToken, ProbeError> {
+    let started = tokio::time::Instant::now();
+    let ms = |at: tokio::time::Instant| at.duration_since(started).as_secs_f64() * 1000.0;
+    let timed_out = || ProbeError::TimedOut(timeout.as_millis() as u64);
+    let resp = match tokio::time::timeout(timeout, request.send()).await {
+        Err(_) => return Err(timed_out()),
+        Ok(Err(e)) => return Err(ProbeError::of(&e, timeout)),
+        Ok(Ok(r)) => r,
+    };
+    let head_ms = ms(tokio::time::Instant::now());
+    let status = resp.status();
+    if !status.is_success() {
+        let left = timeout.saturating_sub(started.elapsed()).max(Duration::from_millis(50));
+        return Err(ProbeError::Status { status: status.as_u16(), excerpt: excerpt(&head_of(resp, left).await) });
+    }
+    let mut stream = resp.bytes_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let read = async {
+        loop {
+            while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                if said_error(&line) {
+                    return Err(ProbeError::Transport(excerpt(&line)));
+                }
+                if is_content(&line) {
+                    return Ok(ms(tokio::time::Instant::now()));
+                }
+            }
+            match stream.next().await {
+                Some(Ok(chunk)) => buf.extend_from_slice(&chunk),
+                Some(Err(e)) => return Err(ProbeError::of(&e, timeout)),
+                None if is_content(&buf) => return Ok(ms(tokio::time::Instant::now())),
+                None => return Err(ProbeError::Transport("the answer ended before a first token".into())),
+            }
+        }
+    };
+    let left = timeout.saturating_sub(started.elapsed());
+    let first_token_ms = tokio::time::timeout(left, read).await.map_err(|_| timed_out())??;
+    Ok(FirstToken { head_ms, first_token_ms })
+}
+
+/// Whether a stream line (NDJSON, or SSE `data:`) is an error: `{"error": ...}`.
+fn said_error(line: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(line);
+    let json = text.trim().strip_prefix("data:").unwrap_or(text.trim()).trim().to_string();
+    serde_json::from_str::<serde_json::Value>(&json).is_ok_and(|v| v.get("error").is_some_and(|e| !e.is_null()))
+}
+
 /// The first bytes of a body, waiting at most `within`.
 async fn head_of(resp: reqwest::Response, within: Duration) -> Vec<u8> {
     let mut out = Vec::new();

@@ -75,6 +75,8 @@ export interface CallOptions {
   json?: unknown;
   /** Sent as text/plain (config TOML, a secret's value). */
   text?: string;
+  /** Aborts the call (and, for a stream, closes it: the server sees the client go away). */
+  signal?: AbortSignal;
 }
 
 async function send(method: Method, path: string, opts: CallOptions): Promise<Response> {
@@ -87,7 +89,7 @@ async function send(method: Method, path: string, opts: CallOptions): Promise<Re
     body = JSON.stringify(opts.json);
     headers["Content-Type"] = "application/json";
   }
-  return fetch(BASE + path + search(opts.query), { method, headers, body });
+  return fetch(BASE + path + search(opts.query), { method, headers, body, signal: opts.signal });
 }
 
 /** The error a failed answer carries: the server's `{error, code, problems}` when it sent one. */

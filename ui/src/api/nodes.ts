@@ -29,9 +29,9 @@ export function deleteNode(name: string): Promise<void> {
   return call<void>("DELETE", `/admin/nodes/${seg(name)}`);
 }
 
-/** `POST /admin/nodes/{name}/test`: one timed liveness probe. */
-export function testNode(name: string): Promise<NodeTest> {
-  return call<NodeTest>("POST", `/admin/nodes/${seg(name)}/test`);
+/** `POST /admin/nodes/{name}/test`: one timed liveness probe, or with `model` its time to first token. */
+export function testNode(name: string, model?: string): Promise<NodeTest> {
+  return call<NodeTest>("POST", `/admin/nodes/${seg(name)}/test`, model ? { json: { model } } : {});
 }
 
 /** `POST /admin/drill`: take a node out, send a small batch per category, put it back; what

@@ -80,14 +80,9 @@ export interface NodePatch {
   max_concurrency?: number;
 }
 
-/** `POST /admin/nodes/{name}/test`: one timed liveness probe. */
-export interface NodeTest {
+/** `POST /admin/nodes/{name}/test`: one latency test (a ping, or with a model its time to first token). */
+export interface NodeTest extends Latency {
   name: string;
-  ok: boolean;
-  ms: number;
-  timeout_ms: number;
-  /** Why it failed ("connection refused at http://..."); null when ok. */
-  error: string | null;
 }
 
 // ---- drill (src/admin/drill.rs) ----
@@ -471,6 +466,99 @@ export interface ImportResult {
  * `node`, that node's end (`status` "success" or "failed", with `error`), and finally one
  * summary line without `node` (`{status: "success", nodes}` or `{error, code}`).
  */
+// ---- models (src/admin/models.rs) and the latency test (src/admin/latency.rs) ----
+
+/** A node as `GET /admin/models` shows it: whether it was asked and answered. */
+export interface MatrixNode {
+  name: string;
+  state: NodeState;
+  state_reason: string;
+  /** Not known to be down: asked now, and offered as a pull target. */
+  reachable: boolean;
+  /** It answered `/api/tags` now. */
+  answered: boolean;
+  /** Its models are last-known, not live. */
+  stale: boolean;
+}
+
+/** One node's copy of a model. */
+export interface ModelCell {
+  loaded: boolean;
+  /** Last known (the node did not answer): no digest, never shown as loaded. */
+  stale: boolean;
+  digest?: string | null;
+  size?: number | null;
+  modified_at?: string | null;
+}
+
+/** One model across the nodes; facts from the first node that listed it. */
+export interface ModelRow {
+  name: string;
+  size?: number | null;
+  family?: string | null;
+  parameter_size?: string | null;
+  quantization_level?: string | null;
+  format?: string | null;
+  /** The digest most nodes hold. */
+  digest: string | null;
+  /** Two nodes hold different builds under this name. */
+  digests_differ: boolean;
+  /** By node name; a node without the model has no cell. */
+  cells: Record<string, ModelCell>;
+}
+
+/** `GET /admin/models`: the node x model matrix. */
+export interface ModelMatrix {
+  nodes: MatrixNode[];
+  models: ModelRow[];
+}
+
+/** One node's result of a delete or copy. */
+export interface ModelOpResult {
+  node: string;
+  ok: boolean;
+  http_status: number;
+  error: string | null;
+  code?: string | null;
+}
+
+/** `POST /admin/models/delete|copy` when every node succeeded (else an ApiError naming each node). */
+export interface ModelOpAnswer {
+  status: "success";
+  results: ModelOpResult[];
+}
+
+/** One latency test: time to first token of `model`, or a ping (`model` null). */
+export interface Latency {
+  node: string;
+  model: string | null;
+  kind: "ttft" | "ping";
+  ok: boolean;
+  /** Time to first token or round trip, ms (of a failure: how long it took to fail). */
+  ms: number;
+  head_ms: number | null;
+  timeout_ms: number;
+  /** Why it failed, in the probe's words ("connection refused at http://..."); null when ok. */
+  error: string | null;
+  /** Unix ms it was taken (the broker's clock). */
+  at: number;
+  /** Age on the broker's clock, in `GET /admin/latency`. */
+  age_ms?: number;
+}
+
+/** `GET /admin/latency`: the last result per node and model. */
+export interface LatencyList {
+  /** The broker's clock (unix ms), for ages. */
+  now: number;
+  results: Latency[];
+}
+
+/** The body of `POST /admin/latency`: no models, a ping; no nodes, every node (that has the model). */
+export interface LatencyAsk {
+  models?: string[];
+  nodes?: string[];
+}
+
 export interface PullLine {
   node?: string;
   status?: string;
