@@ -229,51 +229,78 @@ pub async fn run(
     out
 }
 
-/// A markdown table of the steps; with two targets, also A/B ratios per concurrency.
+/// A markdown table of the steps; with two targets, also A/B ratios per concurrency. Columns
+/// are padded, so the table reads in a terminal as well as rendered.
 pub fn markdown(steps: &[Step]) -> String {
-    let mut s = String::from(
-        "| target | concurrency | requests | errors | req/s | tokens/s | p50 ms | p95 ms | p99 ms | TTFT p50 ms | TTFT p95 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
-    for t in steps {
-        s += &format!(
-            "| {} | {} | {} | {} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
-            t.target,
-            t.concurrency,
-            t.requests,
-            t.errors,
-            t.rps,
-            t.tokens_per_s,
-            t.p50_ms,
-            t.p95_ms,
-            t.p99_ms,
-            t.ttft_p50_ms,
-            t.ttft_p95_ms
-        );
-    }
-    let targets: Vec<&str> = {
-        let mut v: Vec<&str> = steps.iter().map(|t| t.target.as_str()).collect();
-        v.dedup();
-        v.sort();
-        v.dedup();
-        v
-    };
-    if targets.len() == 2 {
-        let a = steps.first().map(|t| t.target.clone()).unwrap_or_default();
-        let b = targets.iter().find(|t| **t != a).map(|t| t.to_string()).unwrap_or_default();
-        s += &format!("\nRatios {a} / {b} (req/s above 1 and latency below 1 favour {a}):\n\n| concurrency | req/s | p50 latency | p95 latency | TTFT p50 |\n|---:|---:|---:|---:|---:|\n");
-        for ta in steps.iter().filter(|t| t.target == a) {
-            if let Some(tb) = steps.iter().find(|t| t.target == b && t.concurrency == ta.concurrency) {
-                let r = |x: f64, y: f64| if y > 0.0 { format!("{:.2}", x / y) } else { "-".into() };
-                s += &format!(
-                    "| {} | {} | {} | {} | {} |\n",
-                    ta.concurrency,
+    let head = ["target", "concurrency", "requests", "errors", "req/s", "tokens/s", "p50 ms", "p95 ms", "p99 ms", "TTFT p50 ms", "TTFT p95 ms"];
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .map(|t| {
+            let ms = |v: f64| format!("{v:.1}");
+            vec![
+                t.target.clone(),
+                t.concurrency.to_string(),
+                t.requests.to_string(),
+                t.errors.to_string(),
+                format!("{:.1}", t.rps),
+                format!("{:.1}", t.tokens_per_s),
+                ms(t.p50_ms),
+                ms(t.p95_ms),
+                ms(t.p99_ms),
+                ms(t.ttft_p50_ms),
+                ms(t.ttft_p95_ms),
+            ]
+        })
+        .collect();
+    let mut s = table(&head, &rows, 1);
+    if let Some((a, b)) = two_targets(steps) {
+        s += &format!("\nRatios {a} / {b} (req/s above 1 and latency below 1 favour {a}):\n\n");
+        let r = |x: f64, y: f64| if y > 0.0 { format!("{:.2}", x / y) } else { "-".into() };
+        let rows: Vec<Vec<String>> = steps
+            .iter()
+            .filter(|t| t.target == a)
+            .filter_map(|ta| {
+                let tb = steps.iter().find(|t| t.target == b && t.concurrency == ta.concurrency)?;
+                Some(vec![
+                    ta.concurrency.to_string(),
                     r(ta.rps, tb.rps),
                     r(ta.p50_ms, tb.p50_ms),
                     r(ta.p95_ms, tb.p95_ms),
-                    r(ta.ttft_p50_ms, tb.ttft_p50_ms)
-                );
-            }
-        }
+                    r(ta.ttft_p50_ms, tb.ttft_p50_ms),
+                ])
+            })
+            .collect();
+        s += &table(&["concurrency", "req/s", "p50 latency", "p95 latency", "TTFT p50"], &rows, 0);
+    }
+    s
+}
+
+/// The first target and the other one, when the steps have exactly two.
+fn two_targets(steps: &[Step]) -> Option<(String, String)> {
+    let mut names: Vec<&str> = steps.iter().map(|t| t.target.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let a = steps.first()?.target.clone();
+    let b = names.iter().find(|t| **t != a)?.to_string();
+    (names.len() == 2).then_some((a, b))
+}
+
+/// A markdown table with every column padded to its widest cell; the first `left` columns
+/// are left-aligned (names), the rest right-aligned (numbers).
+fn table(head: &[&str], rows: &[Vec<String>], left: usize) -> String {
+    let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..head.len()).map(width).collect();
+    let cell = |i: usize, v: &str| if i < left { format!("{v:<w$}", w = widths[i]) } else { format!("{v:>w$}", w = widths[i]) };
+    let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    let mut s = line(head.iter().enumerate().map(|(i, h)| cell(i, h)).collect());
+    let rule: Vec<String> = widths
+        .iter()
+        .enumerate()
+        .map(|(i, w)| if i < left { "-".repeat(*w) } else { format!("{}:", "-".repeat(w.saturating_sub(1))) })
+        .collect();
+    s += &line(rule);
+    for r in rows {
+        s += &line(r.iter().enumerate().map(|(i, v)| cell(i, v)).collect());
     }
     s
 }
@@ -374,6 +401,8 @@ mod tests {
             error_rate: 0.0,
         };
         let md = markdown(&[mk("corral", 90.0, 11.0), mk("direct", 100.0, 10.0)]);
-        assert!(md.contains("| 4 | 0.90 | 1.10 |"), "{md}");
+        assert!(md.contains("|           4 |  0.90 |        1.10 |"), "{md}");
+        let widths: Vec<usize> = md.lines().take(3).map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|w| *w == widths[0]), "the columns line up:\n{md}");
     }
 }

@@ -287,7 +287,9 @@ async fn bench_history_and_metrics_agree() {
     .await
     .expect("join");
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("| A | 4 | 30 | 0 |"), "{out}");
+    let row = out.lines().find(|l| l.starts_with("| A ") && l.split('|').nth(2).is_some_and(|c| c.trim() == "4"));
+    let cells: Vec<&str> = row.unwrap_or_default().split('|').map(str::trim).collect();
+    assert_eq!(cells.get(3..5), Some(&["30", "0"][..]), "30 requests at c=4, none failed:\n{out}");
     assert!(out_dir.join("results.md").exists() && out_dir.join("bench.png").exists());
 
     // Metrics count per node and outcome.

@@ -190,6 +190,16 @@ pub struct BenchArgs {
     /// Write results.md and bench.png here.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Exit 1 when more than this share of the requests failed (0 to 1; 0 = any failure).
+    #[arg(long, default_value_t = 0.01, value_parser = share)]
+    pub max_failed: f64,
+}
+
+fn share(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a share between 0 and 1 (0.05 = 5 %)")),
+    }
 }
 
 #[derive(clap::Args)]

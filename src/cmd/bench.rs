@@ -26,12 +26,22 @@ pub async fn run(a: BenchArgs) -> ExitCode {
     };
     let url_a = a.url.trim_end_matches('/').to_string();
     let url_b = a.vs.as_ref().map(|u| u.trim_end_matches('/').to_string());
+    for url in std::iter::once(&url_a).chain(url_b.as_ref()) {
+        if let Err(why) = reachable(url).await {
+            eprintln!("error: {why}\nIs Corral (`corral serve`, `corral demo`) or an Ollama running there?");
+            return ExitCode::from(2);
+        }
+    }
     let rounds = if url_b.is_some() { 2 } else { 1 };
     let total = (a.requests.div_ceil(rounds) * rounds * plan.concurrency.len() * rounds) as u64;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {per_sec}")
+        indicatif::ProgressStyle::with_template("{msg:>24} [{bar:40}] {pos}/{len} {rate} ETA {eta}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            // The recent rate, whole requests per second (not a cumulative 4-decimal figure).
+            .with_key("rate", |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                let _ = write!(w, "{:.0} req/s", s.per_sec());
+            })
             .progress_chars("=> "),
     );
     let tick = bar.clone();
@@ -58,9 +68,34 @@ pub async fn run(a: BenchArgs) -> ExitCode {
             return code;
         }
     }
+    verdict(&steps, a.max_failed)
+}
+
+/// Whether the endpoint answers at all, before any load: a wrong port reads as "connection
+/// refused at URL", not as a table of 100 % errors.
+async fn reachable(url: &str) -> Result<(), String> {
+    let client = reqwest::Client::new();
+    let probe = client.get(format!("{url}/api/version"));
+    match corral::upstream::probe::exchange(probe, Duration::from_secs(5)).await {
+        Ok(()) => Ok(()),
+        // It answers, just not that route (a bare OpenAI-compatible server): load can go on.
+        Err(corral::upstream::probe::ProbeError::Status { .. }) => Ok(()),
+        Err(e) => Err(e.at(url)),
+    }
+}
+
+/// Exit 1 when more than `max_failed` of all requests failed, saying how many.
+fn verdict(steps: &[corral::bench::Step], max_failed: f64) -> ExitCode {
     let errors: usize = steps.iter().map(|s| s.errors).sum();
-    if errors > 0 {
-        eprintln!("{errors} request(s) failed");
+    let sent: usize = steps.iter().map(|s| s.requests).sum();
+    if errors == 0 {
+        return ExitCode::SUCCESS;
+    }
+    let share = errors as f64 / sent.max(1) as f64;
+    eprintln!("{errors} of {sent} request(s) failed ({:.1} %)", share * 100.0);
+    if share > max_failed {
+        eprintln!("error: more than --max-failed {:.1} % failed", max_failed * 100.0);
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }
