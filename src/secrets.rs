@@ -531,6 +531,106 @@ pub fn admin_token() -> Result<String, SecretError> {
     Ok(token)
 }
 
+/// Where the admin token that `corral serve` keeps between starts lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenHome {
+    /// The OS keyring's internal namespace (`corral.internal`, entry `admin-token`), shared
+    /// with the desktop app.
+    Keyring,
+    /// A file readable only by its owner (mode 0600), used where no keyring answers.
+    File(std::path::PathBuf),
+}
+
+/// The name of the admin token's file in the state dir, where no keyring answers.
+pub const ADMIN_TOKEN_FILE: &str = "admin-token";
+
+/// A token Corral would have made: long and varied enough (a hand-edited file may not be).
+fn strong(token: &str) -> bool {
+    token.chars().count() >= 32 && token.chars().collect::<std::collections::BTreeSet<_>>().len() >= 8
+}
+
+/// The admin token kept in `dir`/`admin-token`, made on first use: 32 random bytes as hex, in
+/// a file only its owner may read (0600; the dir 0700 when this creates it). A file that is
+/// empty or holds a weak token is replaced; one readable by others is narrowed to 0600.
+pub fn file_admin_token(dir: &std::path::Path) -> std::io::Result<String> {
+    let path = dir.join(ADMIN_TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) if strong(t.trim()) => {
+            narrow(&path)?;
+            return Ok(t.trim().to_string());
+        }
+        Ok(_) => {
+            tracing::warn!(file = %path.display(), "the admin token file held no usable token; a new one replaces it")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let token = {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut bytes);
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    // Written whole to a private temporary file, then renamed: never a half-written token.
+    let tmp = dir.join(format!(".{ADMIN_TOKEN_FILE}.{}", std::process::id()));
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    {
+        use std::io::Write;
+        let mut f = options.open(&tmp)?;
+        f.write_all(token.as_bytes())?;
+        f.sync_all()?;
+    }
+    narrow(&tmp)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(token)
+}
+
+/// Owner-only permissions on `path` (no-op off Unix).
+fn narrow(path: &std::path::Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if std::fs::metadata(path)?.permissions().mode() & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// The admin token `corral serve` keeps across starts, so open browser tabs stay signed in:
+/// the keyring's, as the desktop app uses ([`admin_token`]); where the keyring fails or does not
+/// answer, the file in `state_dir` ([`file_admin_token`]). Returns the token, where it is kept
+/// and, when the keyring was passed over, why. Blocks (D-Bus): call it off the async workers.
+pub fn kept_admin_token(
+    state_dir: &std::path::Path,
+    keyring: impl FnOnce() -> Result<String, SecretError>,
+) -> std::io::Result<(String, TokenHome, Option<SecretError>)> {
+    match keyring() {
+        Ok(t) if strong(&t) => Ok((t, TokenHome::Keyring, None)),
+        Ok(_) => {
+            let why = SecretError::Keyring("the keyring's admin token is too weak to use".into());
+            Ok((file_admin_token(state_dir)?, TokenHome::File(state_dir.join(ADMIN_TOKEN_FILE)), Some(why)))
+        }
+        Err(e) => Ok((file_admin_token(state_dir)?, TokenHome::File(state_dir.join(ADMIN_TOKEN_FILE)), Some(e))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,5 +656,37 @@ mod tests {
         assert_eq!(origin_of("HTTPS://API.OpenAI.com:443/x").ok().as_deref(), Some("https://api.openai.com:443"));
         assert!(origin_of("file:///etc/passwd").is_err());
         assert!(origin_of("not a url").is_err());
+    }
+
+    #[test]
+    fn without_a_keyring_the_token_is_kept_in_an_owner_only_file_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("corral-token-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let none = || Err(SecretError::NoKeyring("no session bus".into()));
+        let (first, home, why) = kept_admin_token(&dir, none).expect("a file token");
+        assert_eq!(home, TokenHome::File(dir.join(ADMIN_TOKEN_FILE)));
+        assert_eq!(why.map(|e| e.code()), Some("keyring_unavailable"), "the reason is handed back for the log");
+        assert!(strong(&first), "{first}");
+        let (again, _, _) = kept_admin_token(&dir, none).expect("read back");
+        assert_eq!(first, again, "the second start gets the same token");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join(ADMIN_TOKEN_FILE)).expect("file").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "only the owner may read the token");
+            std::fs::set_permissions(dir.join(ADMIN_TOKEN_FILE), std::fs::Permissions::from_mode(0o644))
+                .expect("chmod");
+            kept_admin_token(&dir, none).expect("read back");
+            let mode = std::fs::metadata(dir.join(ADMIN_TOKEN_FILE)).expect("file").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "a widened file is narrowed again");
+        }
+        std::fs::write(dir.join(ADMIN_TOKEN_FILE), "short").expect("tamper");
+        let (replaced, _, _) = kept_admin_token(&dir, none).expect("replaced");
+        assert!(strong(&replaced) && replaced != first, "a weak token in the file is replaced");
+        let keyring = || Ok("k".repeat(8) + "0123456789abcdef0123456789abcdef");
+        let (from_keyring, home, why) = kept_admin_token(&dir, keyring).expect("keyring");
+        assert_eq!((home, why.is_none()), (TokenHome::Keyring, true));
+        assert!(from_keyring.starts_with("kkkk"), "the keyring wins when it answers");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

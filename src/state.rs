@@ -179,6 +179,11 @@ impl Shared {
         let _ = self.file.set(path);
     }
 
+    /// The config file runtime edits go to, when the broker has one.
+    pub fn config_file(&self) -> Option<&std::path::Path> {
+        self.file.get().map(std::path::PathBuf::as_path)
+    }
+
     /// Write `next` into the config file, if there is one, so the edit survives the next
     /// reload and restart. Keys that wait for a restart keep what the file says (an edit the
     /// user made there and that is not applied yet is not undone).

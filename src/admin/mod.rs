@@ -30,6 +30,7 @@ mod nodes;
 mod providers;
 mod requests;
 mod secrets;
+mod settings;
 mod status;
 
 use std::sync::Arc;
@@ -121,6 +122,10 @@ pub const ROUTES: &[Route] = &[
     protected(Method::PUT, "/admin/secrets/{name}", |m| on(m, secrets::put)),
     protected(Method::DELETE, "/admin/secrets/{name}", |m| on(m, secrets::delete)),
     protected(Method::POST, "/admin/secrets/{name}/bind", |m| on(m, secrets::bind)),
+    protected(Method::GET, "/admin/settings", |m| on(m, settings::get)),
+    protected(Method::PUT, "/admin/settings", |m| on(m, settings::put)),
+    protected(Method::POST, "/admin/client-keys", |m| on(m, settings::create)),
+    protected(Method::DELETE, "/admin/client-keys/{name}", |m| on(m, settings::revoke)),
     protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
     protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
     protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),

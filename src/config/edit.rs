@@ -76,9 +76,11 @@ pub fn edit_text(text: &str, next: &Config) -> Result<String, String> {
             other => doc[key.as_str()] = value_item(other),
         }
     }
-    // Arrays that became empty (every node removed, say).
+    // Arrays that became empty (every node removed, say); one that was empty already stays as
+    // the file has it (with the comments around it).
     for (key, value) in &old {
-        if value.is_array() && new.get(key).and_then(|v| v.as_array()).is_some_and(Vec::is_empty) {
+        let was_full = value.as_array().is_some_and(|a| !a.is_empty());
+        if was_full && new.get(key).and_then(|v| v.as_array()).is_some_and(Vec::is_empty) {
             doc.remove(key);
         }
     }
@@ -211,6 +213,16 @@ mod tests {
         let out = edit_text(FILE, &next).expect("edits");
         assert!(!out.contains("gpu0") && out.contains("gpu2"), "{out}");
         assert!(!out.contains("max_concurrency"), "a new node carries only what is not a default:\n{out}");
+        assert_eq!(Config::parse(&out).expect("valid"), next);
+    }
+
+    #[test]
+    fn an_array_that_was_already_empty_keeps_its_place_and_the_comment_above_it() {
+        let text = "# my cluster\nproviders = []\n\n[[listeners]]\naddr = \"127.0.0.1:1\"\n";
+        let mut next = Config::parse(text).expect("valid");
+        next.listeners[0].addr = "0.0.0.0:0".into();
+        let out = edit_text(text, &next).expect("edits");
+        assert!(out.starts_with("# my cluster\nproviders = []\n"), "{out}");
         assert_eq!(Config::parse(&out).expect("valid"), next);
     }
 

@@ -33,7 +33,19 @@ function soon() {
 
 let lastChart = 0;
 
+let running: { sub: Subscription; timer: ReturnType<typeof setInterval> } | null = null;
+
+/** Stop listening (the token was refused): no stream, no timer, until `start` again. */
+export function stop() {
+  running?.sub.close();
+  if (running) clearInterval(running.timer);
+  running = null;
+  live.connected = false;
+  live.status = null;
+}
+
 export function start(): Subscription {
+  stop();
   refresh();
   const sub = subscribeEvents({
     onEvent(kind, data) {
@@ -51,6 +63,6 @@ export function start(): Subscription {
     onOpen: () => (live.connected = true),
     onError: () => (live.connected = false),
   });
-  setInterval(refresh, 5000);
+  running = { sub, timer: setInterval(refresh, 5000) };
   return sub;
 }

@@ -35,6 +35,24 @@ export function setToken(t: string) {
   sessionStorage.setItem(KEY, token);
 }
 
+/** What the UI does when the broker refuses the token (401 from any admin call). */
+let rejected: ((why: string) => void) | null = null;
+
+/** Called once per refusal: the token is forgotten first, so the app can ask for another. */
+export function onTokenRejected(f: (why: string) => void) {
+  rejected = f;
+}
+
+/** The sentence shown above the token form after a refusal. */
+export const TOKEN_REFUSED = "This token was not accepted — paste the one `corral serve` printed.";
+
+function refused() {
+  const had = token !== "";
+  token = "";
+  sessionStorage.removeItem(KEY);
+  if (had) rejected?.(TOKEN_REFUSED);
+}
+
 /** An error the admin API answered, with its stable code and, for config changes, each problem. */
 export class ApiError extends Error {
   constructor(
@@ -80,6 +98,14 @@ export interface CallOptions {
 }
 
 async function send(method: Method, path: string, opts: CallOptions): Promise<Response> {
+  // Without a token every admin call would be refused: ask for one instead of calling.
+  if (!token) throw new ApiError(401, "no admin token: sign in with the one `corral serve` printed", "unauthorized");
+  const r = await fetchWith(method, path, opts);
+  if (r.status === 401) refused();
+  return r;
+}
+
+function fetchWith(method: Method, path: string, opts: CallOptions): Promise<Response> {
   const headers: Record<string, string> = { Authorization: `Bearer ${token}` };
   let body: BodyInit | undefined;
   if (opts.text !== undefined) {

@@ -2,7 +2,8 @@
 // in a browser against `corral serve`): one typed function per endpoint. Screens import from
 // here and never build a path.
 
-export { ApiError, getToken, setToken } from "./client";
+export { ApiError, getToken, setToken, onTokenRejected, TOKEN_REFUSED } from "./client";
+export * from "./settings";
 export * from "./status";
 export * from "./nodes";
 export * from "./categories";
