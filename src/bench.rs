@@ -232,7 +232,19 @@ pub async fn run(
 /// A markdown table of the steps; with two targets, also A/B ratios per concurrency. Columns
 /// are padded, so the table reads in a terminal as well as rendered.
 pub fn markdown(steps: &[Step]) -> String {
-    let head = ["target", "concurrency", "requests", "errors", "req/s", "tokens/s", "p50 ms", "p95 ms", "p99 ms", "TTFT p50 ms", "TTFT p95 ms"];
+    let head = [
+        "target",
+        "concurrency",
+        "requests",
+        "errors",
+        "req/s",
+        "tokens/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "TTFT p50 ms",
+        "TTFT p95 ms",
+    ];
     let rows: Vec<Vec<String>> = steps
         .iter()
         .map(|t| {
@@ -290,7 +302,13 @@ fn two_targets(steps: &[Step]) -> Option<(String, String)> {
 fn table(head: &[&str], rows: &[Vec<String>], left: usize) -> String {
     let width = |i: usize| rows.iter().map(|r| r[i].chars().count()).chain([head[i].len()]).max().unwrap_or(0);
     let widths: Vec<usize> = (0..head.len()).map(width).collect();
-    let cell = |i: usize, v: &str| if i < left { format!("{v:<w$}", w = widths[i]) } else { format!("{v:>w$}", w = widths[i]) };
+    let cell = |i: usize, v: &str| {
+        if i < left {
+            format!("{v:<w$}", w = widths[i])
+        } else {
+            format!("{v:>w$}", w = widths[i])
+        }
+    };
     let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
     let mut s = line(head.iter().enumerate().map(|(i, h)| cell(i, h)).collect());
     let rule: Vec<String> = widths

@@ -30,7 +30,10 @@ fn main() -> ExitCode {
 fn init_tracing(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a log file or a pipe gets plain text (and
+    // NO_COLOR, https://no-color.org, turns it off anywhere).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

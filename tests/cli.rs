@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::process::{Proc, BIN};
+use corral::sim::{Faults, SimNode, SimSpec};
 use serde_json::{json, Value};
 
 fn run(args: &[&str]) -> (i32, String, String) {
@@ -564,4 +565,48 @@ fn status_tells_each_nodes_state_with_its_reason_and_since() {
     );
     assert!(line.contains(" UTC (") && line.contains(" s)"), "since when, and for how long:\n{text}");
     assert!(text.contains("healthy since "), "the live node says since when too:\n{text}");
+}
+
+#[test]
+fn bench_says_when_nothing_answers_and_sends_no_load() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let (code, out, err) =
+        run(&["bench", "--url", &format!("http://127.0.0.1:{port}"), "--requests", "5", "--concurrency", "1"]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains(&format!("connection refused at http://127.0.0.1:{port}")), "{err}");
+    assert!(!out.contains("| A"), "no table of failures: {out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bench_exits_non_zero_when_more_than_the_allowed_share_failed() {
+    let sim = SimNode::start(SimSpec::default()).await.expect("sim");
+    let url = sim.url();
+    // Every inference answers 500; /api/version still answers, so the load runs.
+    sim.set_faults(Faults::statuses(500, 1_000));
+    let args = |max: &'static str| {
+        let url = url.clone();
+        move || run(&["bench", "--url", &url, "--requests", "4", "--concurrency", "2", "--max-failed", max])
+    };
+    let (code, out, err) = tokio::task::spawn_blocking(args("0.5")).await.expect("join");
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(err.contains("4 of 4 request(s) failed (100.0 %)"), "{err}");
+    let (code, _, err) = tokio::task::spawn_blocking(args("1")).await.expect("join");
+    assert_eq!(code, 0, "every failure allowed: {err}");
+    let (code, _, err) = run(&["bench", "--url", &url, "--max-failed", "5"]);
+    assert_eq!(code, 2, "a share above 1 is refused: {err}");
+}
+
+#[test]
+fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    // Without NO_COLOR: only the terminal check keeps escape codes out of a captured stderr.
+    let out = Command::new(BIN)
+        .args(["config", "check", "/nonexistent/corral.toml"])
+        .env_remove("NO_COLOR")
+        .env("CORRAL_LOG", "debug")
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains('\u{1b}'), "no ANSI escapes in {err:?}");
 }

@@ -75,7 +75,8 @@ pub async fn run(a: BenchArgs) -> ExitCode {
 /// refused at URL", not as a table of 100 % errors.
 async fn reachable(url: &str) -> Result<(), String> {
     let client = reqwest::Client::new();
-    let probe = client.get(format!("{url}/api/version"));
+    // `/`: Ollama and Corral answer it ("Ollama is running"), and Corral does not record it.
+    let probe = client.get(format!("{url}/"));
     match corral::upstream::probe::exchange(probe, Duration::from_secs(5)).await {
         Ok(()) => Ok(()),
         // It answers, just not that route (a bare OpenAI-compatible server): load can go on.
