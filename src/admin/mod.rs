@@ -120,6 +120,7 @@ pub const ROUTES: &[Route] = &[
     protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
     protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
     protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),
+    protected(Method::GET, "/admin/charts/series", |m| on(m, charts::series)),
     protected(Method::GET, "/admin/charts/{file}", |m| on(m, charts::chart)),
     protected(Method::GET, "/admin/events", |m| on(m, events::events)),
     protected(Method::POST, "/admin/models/pull", |m| on(m, models::pull_model)),
