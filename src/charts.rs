@@ -346,7 +346,8 @@ fn queue_peaks(rows: &[RequestRow], b: Buckets) -> Vec<Option<f64>> {
 
 /// Per node seen in `rows`, `events` or `current`: the states it held over `[from_ms, to_ms)`,
 /// back to back. A node with no event in view was in its first event's `from_state`, else in
-/// its current state, else (a report's node that only served) healthy.
+/// its current state, else (a report's node that only served) healthy. The time before a
+/// first event out of `unknown` (the broker had not started) has no band: a gap.
 fn health_bands(
     rows: &[RequestRow],
     events: &[NodeEventRow],
@@ -370,7 +371,9 @@ fn health_bands(
             let mut since = from_ms;
             let mut bands = Vec::new();
             for e in mine {
-                if e.at > since {
+                // Before a node's first known state (the broker was not running) is a gap.
+                let before_start = bands.is_empty() && since == from_ms && state == "unknown";
+                if e.at > since && !before_start {
                     bands.push(Band { from: since, to: e.at, state: state.clone() });
                 }
                 since = e.at.max(from_ms);
@@ -419,8 +422,11 @@ mod tests {
             row(("e", "gpu0", 51_000, 200, 20, 36, "interrupted", 0)),
             row(("f", "gpu0", 52_000, 400, 200, 20, "ok", 0)),
         ];
-        let events =
-            vec![event(30_000, "gpu1", "healthy", "unhealthy"), event(45_000, "gpu1", "unhealthy", "recovering")];
+        let events = vec![
+            event(5_000, "gpu0", "unknown", "healthy"),
+            event(30_000, "gpu1", "healthy", "unhealthy"),
+            event(45_000, "gpu1", "unhealthy", "recovering"),
+        ];
         Snapshot::build(&rows, &events, Buckets::spanning(0, 60_000, 6), 60_000, &[])
     }
 
@@ -503,6 +509,8 @@ mod tests {
         let states: Vec<&str> = gpu1.iter().map(|b| b.state.as_str()).collect();
         assert_eq!(states, vec!["healthy", "unhealthy", "recovering"]);
         assert_eq!((gpu1[1].from, gpu1[1].to), (30_000, 45_000));
+        let gpu0 = &s.health.iter().find(|h| h.node == "gpu0").expect("gpu0").bands;
+        assert_eq!(gpu0, &vec![Band { from: 5_000, to: 60_000, state: "healthy".into() }], "no band before the start");
         let current = [("gpu9".to_string(), "disabled".to_string())];
         let live = Snapshot::build(&[], &[], Buckets::ending_at(100_000, 5_000, 12), 100_000, &current);
         assert_eq!(live.requests, 0);

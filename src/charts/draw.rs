@@ -146,6 +146,7 @@ fn draw_lines<DB: DrawingBackend>(
         .x_labels(6)
         .y_labels(5)
         .x_label_formatter(&|x| clock(*x))
+        .y_label_formatter(&|v| if v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") })
         .label_style(("sans-serif", LABEL))
         .draw()?;
     if snap.requests == 0 && lines.iter().all(|l| l.values.iter().flatten().all(|v| *v == 0.0)) {
@@ -189,7 +190,11 @@ fn draw_lines<DB: DrawingBackend>(
     Ok(())
 }
 
-fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapshot) -> DrawResult {
+fn draw_health<DB: DrawingBackend>(whole: &DrawingArea<DB, Shift>, snap: &Snapshot) -> DrawResult {
+    // The state key beside the plot, not over the bands.
+    let (area, key) = whole.split_horizontally(whole.dim_in_pixel().0.saturating_sub(150));
+    state_key(&key)?;
+    let area = &area;
     let rows = snap.health.len().max(1) as i32;
     let names: Vec<String> = snap.health.iter().map(|h| h.node.clone()).collect();
     let mut chart = ChartBuilder::on(area)
@@ -221,21 +226,17 @@ fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapsho
             r
         }))?;
     }
-    // A legend entry for every state colour, whether or not it appears.
-    for state in STATES {
-        let color = state_color(state);
-        chart
-            .draw_series(std::iter::empty::<Rectangle<(i64, SegmentValue<i32>)>>())?
-            .label(state)
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+    Ok(())
+}
+
+/// A key for every state colour, whether or not it appears.
+fn state_key<DB: DrawingBackend>(key: &DrawingArea<DB, Shift>) -> DrawResult {
+    let style = ("sans-serif", LEGEND).into_text_style(key);
+    for (i, state) in STATES.iter().enumerate() {
+        let y = 48 + 26 * i as i32;
+        key.draw(&Rectangle::new([(8, y - 7), (24, y + 7)], state_color(state).filled()))?;
+        key.draw_text(state, &style, (32, y - 8))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", LEGEND))
-        .draw()?;
     Ok(())
 }
 

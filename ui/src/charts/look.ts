@@ -78,12 +78,14 @@ export function timeTicks(from: number, to: number, most = 6): number[] {
   return out;
 }
 
-/** A tidy top for a y axis (1, 2 or 5 times a power of ten, times 4) and its ticks. */
-export function yScale(max: number, ticks = 4): { top: number; ticks: number[] } {
-  if (!(max > 0)) return { top: 1, ticks: [0, 0.25, 0.5, 0.75, 1] };
+/** A tidy top for a y axis (steps of 1, 2 or 5 times a power of ten, about `ticks` of them;
+ * whole steps for counts) and its ticks. */
+export function yScale(max: number, whole = false, ticks = 4): { top: number; ticks: number[] } {
+  if (!(max > 0)) return whole ? { top: 1, ticks: [0, 1] } : { top: 1, ticks: [0, 0.5, 1] };
   const raw = max / ticks;
   const p = Math.pow(10, Math.floor(Math.log10(raw)));
-  const step = ([1, 2, 5, 10].find((m) => m * p >= raw) ?? 10) * p;
+  // Counts step by whole numbers.
+  const step = Math.max(whole ? 1 : 0, ([1, 2, 5, 10].find((m) => m * p >= raw) ?? 10) * p);
   const top = step * Math.ceil(max / step);
   const out: number[] = [];
   for (let v = 0; v <= top + step / 2; v += step) out.push(v);
@@ -109,7 +111,7 @@ export const fmt = {
     return v >= 1000 ? `${(v / 1000).toFixed(2)} s` : `${Math.round(v)} ms`;
   },
   rate(v: number): string {
-    return v >= 100 ? v.toFixed(0) : v.toFixed(1);
+    return v >= 100 || v === 0 ? v.toFixed(0) : v.toFixed(1);
   },
   count(v: number): string {
     return Number.isInteger(v) ? String(v) : v.toFixed(1);
