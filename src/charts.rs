@@ -1,17 +1,28 @@
-//! Charts: pure functions from a stats snapshot to SVG (for the UI) or PNG (for reports).
+//! Charts: the recent past as bucketed numbers, one computation for every chart Corral shows.
 //!
-//! `Snapshot::build` turns request rows and node events from the store into time series:
-//! latency p50/p95 and time to first byte per node, tokens/s per node, requests by outcome,
-//! queue depth (reconstructed exactly from each request's arrival and queue wait), and a health
-//! timeline of state bands per node. `draw` renders one chart into any plotters backend, so the
-//! SVG for the UI and the one-page PNG report share the code. Text uses an embedded DejaVu
-//! Sans, so output does not depend on the fonts installed.
+//! `Snapshot::build` turns request rows and node events from the store into series over fixed
+//! time buckets: latency p50/p95, time to first byte p50 and tokens/s, each per node and for
+//! the whole cluster; requests by outcome; queue depth (the peak per bucket, reconstructed
+//! exactly from each request's arrival and queue wait); and a health timeline of state bands
+//! per node. The UI draws its live charts from this snapshot as JSON
+//! (`GET /admin/charts/series`), and `draw` renders the same snapshot with plotters for
+//! `corral report` and `/admin/charts/{chart}.svg`, so a number on screen and in a report is one
+//! number.
+//!
+//! Invariants: a request counts in the bucket where it ended (a past bucket does not change
+//! as long requests finish); a bucket with no request has no latency, first byte or tokens/s
+//! (`None`, drawn as a gap, never as 0), while counts (outcomes, queue depth) are 0 there.
+//! Tokens per second has one definition ([`generation`]): completion tokens / the node's
+//! generation time, aggregated as total tokens / total generation seconds; the node cards of
+//! `/admin/status` use the same function.
+
+mod draw;
 
 use std::collections::BTreeMap;
 
-use plotters::coord::Shift;
-use plotters::prelude::*;
 use serde::Serialize;
+
+pub use draw::{draw, ensure_font, report, svg, ChartError};
 
 use crate::store::{NodeEventRow, RequestRow};
 
@@ -45,24 +56,71 @@ impl Chart {
         Self::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    fn title(self) -> &'static str {
+    pub fn title(self) -> &'static str {
         match self {
             Self::Latency => "Latency p50 (solid) / p95 (dashed), ms",
-            Self::Ttfb => "Time to first byte p50, ms",
-            Self::Throughput => "Tokens per second",
+            Self::Ttfb => "Time to first token p50, ms",
+            Self::Throughput => "Tokens/s (output tokens / generation time)",
             Self::Outcomes => "Requests by outcome",
-            Self::Queue => "Queue depth",
+            Self::Queue => "Queue depth (peak)",
             Self::Health => "Node health",
         }
     }
 }
 
-/// A named line.
+/// Fixed time buckets: `count` steps of `step_ms` from `from_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Buckets {
+    pub from_ms: i64,
+    pub step_ms: i64,
+    pub count: usize,
+}
+
+impl Buckets {
+    /// `count` buckets of `step_ms` aligned to multiples of the step, the last one holding
+    /// `now_ms`: polled again a second later, the same buckets come back (only the last grows).
+    pub fn ending_at(now_ms: i64, step_ms: i64, count: usize) -> Buckets {
+        let step_ms = step_ms.max(1);
+        let count = count.max(1);
+        let last = now_ms.div_euclid(step_ms) * step_ms;
+        Buckets { from_ms: last - (count as i64 - 1) * step_ms, step_ms, count }
+    }
+
+    /// `count` equal buckets over `[from_ms, to_ms)` (a report's window).
+    pub fn spanning(from_ms: i64, to_ms: i64, count: usize) -> Buckets {
+        let count = count.max(1);
+        let step_ms = ((to_ms - from_ms) / count as i64).max(1);
+        Buckets { from_ms, step_ms, count }
+    }
+
+    /// The end of the last bucket.
+    pub fn to_ms(&self) -> i64 {
+        self.from_ms + self.step_ms * self.count as i64
+    }
+
+    /// Which bucket `t` falls in, if any.
+    pub fn index(&self, t: i64) -> Option<usize> {
+        (t >= self.from_ms && t < self.to_ms()).then(|| ((t - self.from_ms) / self.step_ms) as usize)
+    }
+
+    /// Each bucket's start.
+    pub fn starts(&self) -> impl Iterator<Item = i64> + '_ {
+        (0..self.count as i64).map(|i| self.from_ms + i * self.step_ms)
+    }
+}
+
+/// A named line: one value per bucket, `None` where there is no data.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Series {
     pub name: String,
-    /// (bucket start ms, value); buckets without data are absent.
-    pub points: Vec<(i64, f64)>,
+    pub values: Vec<Option<f64>>,
+}
+
+/// One measure for the whole cluster and per node.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Metric {
+    pub cluster: Vec<Option<f64>>,
+    pub nodes: Vec<Series>,
 }
 
 /// One state held by a node over `[from, to)`.
@@ -73,20 +131,38 @@ pub struct Band {
     pub state: String,
 }
 
+/// A node's states over the window, back to back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeHealth {
+    pub node: String,
+    pub bands: Vec<Band>,
+}
+
 /// Everything the charts show, for a window.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Snapshot {
     pub from_ms: i64,
+    /// The end of the data (now, for a live window): the last bucket may be partly in the future.
     pub to_ms: i64,
     pub bucket_ms: i64,
-    pub latency_p50: Vec<Series>,
-    pub latency_p95: Vec<Series>,
-    pub ttfb_p50: Vec<Series>,
-    pub tokens_per_s: Vec<Series>,
+    /// Each bucket's start; every `values` list is aligned to it.
+    pub buckets: Vec<i64>,
+    /// Every node the snapshot names, sorted: a node's colour is its index here.
+    pub nodes: Vec<String>,
+    /// Requests that ended in the window.
+    pub requests: usize,
+    pub latency_p50: Metric,
+    pub latency_p95: Metric,
+    pub ttfb_p50: Metric,
+    pub tokens_per_s: Metric,
+    /// Requests per bucket by outcome (`ok`, `fallback`, `error`, ...), in [`OUTCOMES`] order.
     pub outcomes: Vec<Series>,
-    pub queue_depth: Series,
-    pub health: Vec<(String, Vec<Band>)>,
+    pub queue_depth: Vec<Option<f64>>,
+    pub health: Vec<NodeHealth>,
 }
+
+/// Outcomes in the order they are listed and coloured; a status not named here comes after.
+pub const OUTCOMES: [&str; 7] = ["ok", "fallback", "client_error", "error", "interrupted", "cancelled", "unknown"];
 
 /// Nearest-rank percentile of an ascending slice (0 for an empty one).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -97,433 +173,356 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// Tokens per second's one definition, for one request: `(completion tokens, generation
+/// seconds)`, where generation time is the node's own `eval_duration` (the time it spent
+/// producing the tokens, without loading or reading the prompt), or, for an answer that does
+/// not report it, the streaming time after the first byte. `None` when either is unknown or 0.
+/// Aggregate as total tokens / total seconds, never as a mean of per-request rates.
+pub fn generation(r: &RequestRow) -> Option<(f64, f64)> {
+    let tokens = r.completion_tokens.filter(|t| *t > 0)?;
+    let us = r.generation_us.or_else(|| match (r.streamed, r.total_ms, r.ttfb_ms) {
+        (true, Some(total), Some(first)) if total > first => Some((total - first) * 1_000),
+        _ => None,
+    })?;
+    (us > 0).then(|| (tokens as f64, us as f64 / 1e6))
+}
+
+/// Tokens/s of a set of requests by [`generation`]'s definition.
+pub fn tokens_per_s<'a>(rows: impl IntoIterator<Item = &'a RequestRow>) -> Option<f64> {
+    let (tokens, secs) = rows.into_iter().filter_map(generation).fold((0.0, 0.0), |(t, s), (a, b)| (t + a, s + b));
+    (secs > 0.0).then(|| tokens / secs)
+}
+
+/// What a finished request counts as: its status, or `fallback` when a cloud answered.
+pub fn outcome_of(r: &RequestRow) -> &str {
+    if r.fallback.is_some() && r.status == "ok" {
+        "fallback"
+    } else {
+        &r.status
+    }
+}
+
+/// The state a node is in now (for the live window), by name.
+pub type Current = [(String, String)];
+
 impl Snapshot {
-    /// Bucket `rows` and `events` over `[from_ms, to_ms)` into `buckets` steps.
-    pub fn build(rows: &[RequestRow], events: &[NodeEventRow], from_ms: i64, to_ms: i64, buckets: i64) -> Snapshot {
-        let bucket_ms = ((to_ms - from_ms) / buckets.max(1)).max(1);
-        let samples = Samples::collect(rows, from_ms, to_ms, bucket_ms);
-        let secs = bucket_ms as f64 / 1000.0;
+    /// Bucket `rows` and `events` into `b`, with data up to `now_ms`. `current` names the
+    /// nodes configured now and their state (empty for a report), so a node with no change in
+    /// view is drawn in the state it is in.
+    pub fn build(rows: &[RequestRow], events: &[NodeEventRow], b: Buckets, now_ms: i64, current: &Current) -> Snapshot {
+        let grid = Grid::collect(rows, b);
+        let health = health_bands(rows, events, b.from_ms, now_ms, current);
+        let nodes: Vec<String> = grid
+            .nodes
+            .keys()
+            .cloned()
+            .chain(health.iter().map(|h| h.node.clone()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
         Snapshot {
-            from_ms,
-            to_ms,
-            bucket_ms,
-            latency_p50: per_node(&samples.total, |v| percentile(v, 50.0)),
-            latency_p95: per_node(&samples.total, |v| percentile(v, 95.0)),
-            ttfb_p50: per_node(&samples.ttfb, |v| percentile(v, 50.0)),
-            tokens_per_s: per_node(&samples.tokens, |v| v.iter().sum::<f64>() / secs),
-            outcomes: samples
-                .outcomes
-                .into_iter()
-                .map(|(name, pts)| Series { name, points: pts.into_iter().collect() })
-                .collect(),
-            queue_depth: queue_depth(rows, from_ms, bucket_ms, buckets),
-            health: health_bands(rows, events, from_ms, to_ms),
+            from_ms: b.from_ms,
+            to_ms: now_ms,
+            bucket_ms: b.step_ms,
+            buckets: b.starts().collect(),
+            nodes,
+            requests: grid.requests,
+            latency_p50: grid.metric(|c| c.percentile_of(&c.total, 50.0)),
+            latency_p95: grid.metric(|c| c.percentile_of(&c.total, 95.0)),
+            ttfb_p50: grid.metric(|c| c.percentile_of(&c.ttfb, 50.0)),
+            tokens_per_s: grid.metric(|c| (c.gen_s > 0.0).then(|| c.tokens / c.gen_s)),
+            outcomes: grid.outcomes(),
+            queue_depth: queue_peaks(rows, b),
+            health,
         }
     }
 }
 
-/// Per node, per bucket start: the values that fell into that bucket.
-type PerNode = BTreeMap<String, BTreeMap<i64, Vec<f64>>>;
-
-/// The requests that started in the window, sorted into buckets.
-#[derive(Default)]
-struct Samples {
-    total: PerNode,
-    ttfb: PerNode,
-    tokens: PerNode,
-    /// Per status, per bucket start: how many requests ended that way.
-    outcomes: BTreeMap<String, BTreeMap<i64, f64>>,
+/// What one bucket holds for one node (or the cluster).
+#[derive(Debug, Clone, Default)]
+struct Cell {
+    total: Vec<f64>,
+    ttfb: Vec<f64>,
+    tokens: f64,
+    gen_s: f64,
 }
 
-impl Samples {
-    fn collect(rows: &[RequestRow], from_ms: i64, to_ms: i64, bucket_ms: i64) -> Samples {
-        let bucket_of = |t: i64| from_ms + ((t - from_ms) / bucket_ms) * bucket_ms;
-        let mut s = Samples::default();
-        for r in rows.iter().filter(|r| r.started_at >= from_ms && r.started_at < to_ms) {
-            let b = bucket_of(r.started_at);
-            *s.outcomes.entry(r.status.clone()).or_default().entry(b).or_default() += 1.0;
-            let Some(node) = &r.node else { continue };
-            for (map, value) in
-                [(&mut s.total, r.total_ms), (&mut s.ttfb, r.ttfb_ms), (&mut s.tokens, r.completion_tokens)]
-            {
-                if let Some(v) = value {
-                    map.entry(node.clone()).or_default().entry(b).or_default().push(v as f64);
-                }
+impl Cell {
+    fn add(&mut self, r: &RequestRow) {
+        self.total.extend(r.total_ms.map(|v| v as f64));
+        self.ttfb.extend(r.ttfb_ms.map(|v| v as f64));
+        if let Some((tokens, secs)) = generation(r) {
+            self.tokens += tokens;
+            self.gen_s += secs;
+        }
+    }
+
+    fn percentile_of(&self, values: &[f64], p: f64) -> Option<f64> {
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        (!v.is_empty()).then(|| percentile(&v, p))
+    }
+}
+
+/// The requests that ended in the window, sorted into buckets.
+struct Grid {
+    cluster: Vec<Cell>,
+    nodes: BTreeMap<String, Vec<Cell>>,
+    /// Per outcome, per bucket: how many requests ended that way.
+    outcomes: BTreeMap<String, Vec<f64>>,
+    requests: usize,
+}
+
+impl Grid {
+    fn collect(rows: &[RequestRow], b: Buckets) -> Grid {
+        let mut g = Grid {
+            cluster: vec![Cell::default(); b.count],
+            nodes: BTreeMap::new(),
+            outcomes: BTreeMap::new(),
+            requests: 0,
+        };
+        for r in rows.iter().filter(|r| r.status != "running") {
+            let Some(i) = b.index(r.finished_at.unwrap_or(r.started_at)) else { continue };
+            g.requests += 1;
+            g.outcomes.entry(outcome_of(r).to_string()).or_insert_with(|| vec![0.0; b.count])[i] += 1.0;
+            g.cluster[i].add(r);
+            if let Some(node) = &r.node {
+                g.nodes.entry(node.clone()).or_insert_with(|| vec![Cell::default(); b.count])[i].add(r);
             }
         }
-        s
+        g
+    }
+
+    fn metric(&self, f: impl Fn(&Cell) -> Option<f64>) -> Metric {
+        Metric {
+            cluster: self.cluster.iter().map(&f).collect(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|(name, cells)| Series { name: name.clone(), values: cells.iter().map(&f).collect() })
+                .collect(),
+        }
+    }
+
+    fn outcomes(&self) -> Vec<Series> {
+        let rank = |name: &str| OUTCOMES.iter().position(|o| *o == name).unwrap_or(OUTCOMES.len());
+        let mut out: Vec<Series> = self
+            .outcomes
+            .iter()
+            .map(|(name, counts)| Series { name: name.clone(), values: counts.iter().map(|c| Some(*c)).collect() })
+            .collect();
+        out.sort_by_key(|s| rank(&s.name));
+        out
     }
 }
 
-/// One series per node: `f` of each bucket's values, sorted ascending.
-fn per_node(m: &PerNode, f: impl Fn(&[f64]) -> f64) -> Vec<Series> {
-    m.iter()
-        .map(|(node, buckets)| Series {
-            name: node.clone(),
-            points: buckets
-                .iter()
-                .map(|(b, v)| {
-                    let mut v = v.clone();
-                    v.sort_by(|a, b| a.total_cmp(b));
-                    (*b, f(&v))
-                })
-                .collect(),
+/// The most requests waiting at once in each bucket: each request waited over
+/// `[started_at, started_at + queued_ms)`; a sweep over those edges finds the peaks.
+fn queue_peaks(rows: &[RequestRow], b: Buckets) -> Vec<Option<f64>> {
+    let mut edges: Vec<(i64, i32)> = rows
+        .iter()
+        .filter_map(|r| r.queued_ms.filter(|q| *q > 0).map(|q| [(r.started_at, 1), (r.started_at + q, -1)]))
+        .flatten()
+        .collect();
+    // At the same instant a leaving request sorts first: one out and one in is not two waiting.
+    edges.sort();
+    let (mut depth, mut i) = (0i32, 0usize);
+    b.starts()
+        .map(|start| {
+            while i < edges.len() && edges[i].0 < start {
+                depth += edges[i].1;
+                i += 1;
+            }
+            let mut peak = depth;
+            while i < edges.len() && edges[i].0 < start + b.step_ms {
+                depth += edges[i].1;
+                peak = peak.max(depth);
+                i += 1;
+            }
+            Some(f64::from(peak.max(0)))
         })
         .collect()
 }
 
-/// Requests waiting at each bucket's midpoint: arrived, and not yet out of the queue.
-fn queue_depth(rows: &[RequestRow], from_ms: i64, bucket_ms: i64, buckets: i64) -> Series {
-    Series {
-        name: "queued".into(),
-        points: (0..buckets.max(1))
-            .map(|i| {
-                let t = from_ms + i * bucket_ms + bucket_ms / 2;
-                let depth =
-                    rows.iter().filter(|r| r.started_at <= t && r.started_at + r.queued_ms.unwrap_or(0) > t).count();
-                (from_ms + i * bucket_ms, depth as f64)
-            })
-            .collect(),
-    }
-}
-
-/// Per node seen in `rows` or `events`: the states it held over the window, back to back.
-/// A node with no event in view was in its first event's `from_state`, else healthy.
-fn health_bands(rows: &[RequestRow], events: &[NodeEventRow], from_ms: i64, to_ms: i64) -> Vec<(String, Vec<Band>)> {
-    let mut health: BTreeMap<String, Vec<Band>> = BTreeMap::new();
+/// Per node seen in `rows`, `events` or `current`: the states it held over `[from_ms, to_ms)`,
+/// back to back. A node with no event in view was in its first event's `from_state`, else in
+/// its current state, else (a report's node that only served) healthy. The time before a
+/// first event out of `unknown` (the broker had not started) has no band: a gap.
+fn health_bands(
+    rows: &[RequestRow],
+    events: &[NodeEventRow],
+    from_ms: i64,
+    to_ms: i64,
+    current: &Current,
+) -> Vec<NodeHealth> {
+    let mut names: BTreeMap<String, Option<&str>> = BTreeMap::new();
     for node in rows.iter().filter_map(|r| r.node.clone()).chain(events.iter().map(|e| e.node.clone())) {
-        health.entry(node).or_default();
+        names.entry(node).or_default();
     }
-    for (node, bands) in health.iter_mut() {
-        let mine: Vec<&NodeEventRow> = events.iter().filter(|e| &e.node == node).collect();
-        let mut state = mine.first().map(|e| e.from_state.clone()).unwrap_or_else(|| "healthy".into());
-        let mut since = from_ms;
-        for e in mine.iter().filter(|e| e.at < to_ms) {
-            if e.at > since {
-                bands.push(Band { from: since, to: e.at, state: state.clone() });
+    for (node, state) in current {
+        names.insert(node.clone(), Some(state));
+    }
+    names
+        .into_iter()
+        .map(|(node, now)| {
+            let mine: Vec<&NodeEventRow> = events.iter().filter(|e| e.node == node && e.at < to_ms).collect();
+            let first = mine.first().map(|e| e.from_state.as_str());
+            let mut state = first.or(now).unwrap_or("healthy").to_string();
+            let mut since = from_ms;
+            let mut bands = Vec::new();
+            for e in mine {
+                // Before a node's first known state (the broker was not running) is a gap.
+                let before_start = bands.is_empty() && since == from_ms && state == "unknown";
+                if e.at > since && !before_start {
+                    bands.push(Band { from: since, to: e.at, state: state.clone() });
+                }
+                since = e.at.max(from_ms);
+                state = e.to_state.clone();
             }
-            since = e.at.max(from_ms);
-            state = e.to_state.clone();
-        }
-        bands.push(Band { from: since, to: to_ms, state });
-    }
-    health.into_iter().collect()
-}
-
-const PALETTE: [RGBColor; 6] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-    RGBColor(148, 103, 189),
-    RGBColor(140, 86, 75),
-];
-
-fn state_color(state: &str) -> RGBColor {
-    match state {
-        "healthy" => RGBColor(46, 160, 67),
-        "recovering" => RGBColor(210, 153, 34),
-        "unhealthy" => RGBColor(207, 34, 46),
-        "draining" => RGBColor(130, 80, 223),
-        "disabled" => RGBColor(110, 119, 129),
-        _ => RGBColor(175, 184, 193),
-    }
-}
-
-/// Make the embedded font available to plotters (idempotent).
-pub fn ensure_font() {
-    register_font();
-}
-
-fn register_font() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let bytes: &'static [u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
-        if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_err() {
-            tracing::warn!("the embedded chart font did not load; charts will have no text");
-        }
-    });
-}
-
-/// Why a chart could not be drawn or a report not written.
-#[derive(Debug, thiserror::Error)]
-pub enum ChartError {
-    /// plotters failed while drawing (into a string or a pixel buffer).
-    #[error("cannot draw the chart: {0}")]
-    Draw(String),
-    /// The report was drawn but its file could not be written.
-    #[error("cannot write {}: {detail}", path.display())]
-    Write { path: std::path::PathBuf, detail: String },
-}
-
-impl ChartError {
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Draw(_) => "chart_draw_failed",
-            Self::Write { .. } => "report_write_failed",
-        }
-    }
-}
-
-impl<E: std::error::Error + Send + Sync> From<DrawingAreaErrorKind<E>> for ChartError {
-    fn from(e: DrawingAreaErrorKind<E>) -> Self {
-        Self::Draw(e.to_string())
-    }
-}
-
-type DrawResult = Result<(), ChartError>;
-
-fn clock(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let t = time::OffsetDateTime::from_unix_timestamp(secs).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-    format!("{:02}:{:02}", t.hour(), t.minute())
-}
-
-fn draw_lines<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    title: &str,
-    snap: &Snapshot,
-    solid: &[Series],
-    dashed: &[Series],
-) -> DrawResult {
-    let max = solid.iter().chain(dashed).flat_map(|s| s.points.iter().map(|p| p.1)).fold(0.0f64, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(title, ("sans-serif", 16))
-        .margin(8)
-        .x_label_area_size(24)
-        .y_label_area_size(48)
-        .build_cartesian_2d(snap.from_ms..snap.to_ms, 0.0..(max * 1.1).max(1.0))?;
-    chart
-        .configure_mesh()
-        .x_labels(6)
-        .y_labels(5)
-        .x_label_formatter(&|x| clock(*x))
-        .label_style(("sans-serif", 11))
-        .draw()?;
-    for (i, s) in solid.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        chart
-            .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))?
-            .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
-        // Markers, so a lone data point is visible too.
-        chart.draw_series(s.points.iter().map(|p| Circle::new(*p, 2, color.filled())))?;
-    }
-    for (i, s) in dashed.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        chart.draw_series(DashedLineSeries::new(s.points.iter().copied(), 6, 4, color.stroke_width(1)))?;
-    }
-    if !solid.is_empty() {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 11))
-            .draw()?;
-    }
-    Ok(())
-}
-
-fn draw_health<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, snap: &Snapshot) -> DrawResult {
-    let rows = snap.health.len().max(1) as i32;
-    let names: Vec<String> = snap.health.iter().map(|(n, _)| n.clone()).collect();
-    let mut chart = ChartBuilder::on(area)
-        .caption(Chart::Health.title(), ("sans-serif", 16))
-        .margin(8)
-        .x_label_area_size(24)
-        .y_label_area_size(64)
-        .build_cartesian_2d(snap.from_ms..snap.to_ms, (0..rows).into_segmented())?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .x_labels(6)
-        .y_labels(rows as usize)
-        .x_label_formatter(&|x| clock(*x))
-        .y_label_formatter(&|y| match y {
-            SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
-            _ => String::new(),
+            bands.push(Band { from: since, to: to_ms.max(since), state });
+            NodeHealth { node, bands }
         })
-        .label_style(("sans-serif", 11))
-        .draw()?;
-    for (i, (_, bands)) in snap.health.iter().enumerate() {
-        let i = i as i32;
-        chart.draw_series(bands.iter().map(|b| {
-            let mut r = Rectangle::new(
-                [(b.from, SegmentValue::Exact(i)), (b.to, SegmentValue::Exact(i + 1))],
-                state_color(&b.state).filled(),
-            );
-            r.set_margin(3, 3, 0, 0);
-            r
-        }))?;
-    }
-    Ok(())
-}
-
-/// Draw one chart into `area`.
-pub fn draw<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, chart: Chart, snap: &Snapshot) -> DrawResult {
-    register_font();
-    area.fill(&WHITE)?;
-    match chart {
-        Chart::Latency => draw_lines(area, chart.title(), snap, &snap.latency_p50, &snap.latency_p95),
-        Chart::Ttfb => draw_lines(area, chart.title(), snap, &snap.ttfb_p50, &[]),
-        Chart::Throughput => draw_lines(area, chart.title(), snap, &snap.tokens_per_s, &[]),
-        Chart::Outcomes => draw_lines(area, chart.title(), snap, &snap.outcomes, &[]),
-        Chart::Queue => draw_lines(area, chart.title(), snap, std::slice::from_ref(&snap.queue_depth), &[]),
-        Chart::Health => draw_health(area, snap),
-    }
-}
-
-/// One chart as an SVG document.
-pub fn svg(chart: Chart, snap: &Snapshot, size: (u32, u32)) -> Result<String, ChartError> {
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        draw(&root, chart, snap)?;
-        root.present()?;
-    }
-    Ok(out)
-}
-
-/// Every chart on one page, written to `path` (`.png` or `.svg`).
-pub fn report(snap: &Snapshot, path: &std::path::Path) -> Result<(), ChartError> {
-    let size = (1400, 1200);
-    let is_svg = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    if is_svg {
-        let root = SVGBackend::new(path, size).into_drawing_area();
-        page(&root, snap)?;
-        root.present().map_err(|e| written(path, e))
-    } else {
-        let root = BitMapBackend::new(path, size).into_drawing_area();
-        page(&root, snap)?;
-        root.present().map_err(|e| written(path, e))
-    }
-}
-
-/// Presenting a file backend is what writes the file: its failure is a write failure.
-fn written<E: std::error::Error + Send + Sync>(path: &std::path::Path, e: DrawingAreaErrorKind<E>) -> ChartError {
-    ChartError::Write { path: path.to_path_buf(), detail: e.to_string() }
-}
-
-fn page<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, snap: &Snapshot) -> DrawResult {
-    register_font();
-    root.fill(&WHITE)?;
-    let (header, body) = root.split_vertically(40);
-    header.draw_text(
-        &format!("Corral report: {} to {} (UTC)", clock(snap.from_ms), clock(snap.to_ms)),
-        &("sans-serif", 20).into_text_style(&header),
-        (16, 10),
-    )?;
-    for (area, chart) in body.split_evenly((3, 2)).iter().zip(Chart::ALL) {
-        draw(area, chart, snap)?;
-    }
-    Ok(())
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// (id, node, start, total ms, ttfb ms, tokens, status, queued ms)
+    /// (id, node, end, total ms, ttfb ms, tokens, status, queued ms)
     type Fixture<'a> = (&'a str, &'a str, i64, i64, i64, i64, &'a str, i64);
 
-    fn row((id, node, at, total, ttfb, tokens, status, queued): Fixture<'_>) -> RequestRow {
+    pub(crate) fn row((id, node, end, total, ttfb, tokens, status, queued): Fixture<'_>) -> RequestRow {
         RequestRow {
             id: id.into(),
-            started_at: at,
+            started_at: end - total,
+            finished_at: Some(end),
             node: Some(node.into()),
             total_ms: Some(total),
             ttfb_ms: Some(ttfb),
             completion_tokens: Some(tokens),
+            // Generation is what follows the first byte, in these fixtures.
+            generation_us: Some((total - ttfb) * 1_000),
             status: status.into(),
             queued_ms: Some(queued),
             ..RequestRow::default()
         }
     }
 
+    pub(crate) fn event(at: i64, node: &str, from: &str, to: &str) -> NodeEventRow {
+        NodeEventRow { at, node: node.into(), from_state: from.into(), to_state: to.into(), reason: "x".into() }
+    }
+
     pub(crate) fn fixed() -> Snapshot {
         let rows = vec![
-            row(("a", "gpu0", 0, 100, 10, 20, "ok", 0)),
-            row(("b", "gpu0", 10_000, 300, 30, 40, "ok", 0)),
-            row(("c", "gpu1", 20_000, 900, 90, 10, "ok", 25_000)),
+            row(("a", "gpu0", 1_000, 100, 10, 18, "ok", 0)),
+            row(("b", "gpu0", 11_000, 300, 100, 40, "ok", 0)),
+            row(("c", "gpu1", 21_000, 900, 100, 80, "ok", 0)),
             row(("d", "gpu1", 35_000, 500, 50, 0, "error", 0)),
-            row(("e", "gpu0", 50_000, 200, 20, 30, "interrupted", 0)),
+            row(("e", "gpu0", 51_000, 200, 20, 36, "interrupted", 0)),
+            row(("f", "gpu0", 52_000, 400, 200, 20, "ok", 0)),
         ];
         let events = vec![
-            NodeEventRow {
-                at: 30_000,
-                node: "gpu1".into(),
-                from_state: "healthy".into(),
-                to_state: "unhealthy".into(),
-                reason: "x".into(),
-            },
-            NodeEventRow {
-                at: 45_000,
-                node: "gpu1".into(),
-                from_state: "unhealthy".into(),
-                to_state: "recovering".into(),
-                reason: "y".into(),
-            },
+            event(5_000, "gpu0", "unknown", "healthy"),
+            event(30_000, "gpu1", "healthy", "unhealthy"),
+            event(45_000, "gpu1", "unhealthy", "recovering"),
         ];
-        Snapshot::build(&rows, &events, 0, 60_000, 6)
+        Snapshot::build(&rows, &events, Buckets::spanning(0, 60_000, 6), 60_000, &[])
+    }
+
+    fn node<'a>(m: &'a Metric, name: &str) -> &'a [Option<f64>] {
+        &m.nodes.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no series for {name}")).values
     }
 
     #[test]
-    fn snapshot_buckets_percentiles_queue_and_bands() {
+    fn buckets_hold_percentiles_and_gaps_where_nothing_ended() {
         let s = fixed();
         assert_eq!(s.bucket_ms, 10_000);
-        let gpu0 = &s.latency_p50.iter().find(|x| x.name == "gpu0").expect("gpu0").points;
-        assert_eq!(gpu0, &vec![(0, 100.0), (10_000, 300.0), (50_000, 200.0)]);
-        let ok = s.outcomes.iter().find(|x| x.name == "ok").expect("ok");
-        assert_eq!(ok.points.iter().map(|p| p.1).sum::<f64>(), 3.0);
-        // Request c waited over [20 s, 45 s): queued at the bucket midpoints 25 s and 35 s.
-        let depth: Vec<f64> = s.queue_depth.points.iter().map(|p| p.1).collect();
-        assert_eq!(depth, vec![0.0, 0.0, 1.0, 1.0, 0.0, 0.0]);
-        let bands = &s.health.iter().find(|(n, _)| n == "gpu1").expect("gpu1").1;
-        let states: Vec<&str> = bands.iter().map(|b| b.state.as_str()).collect();
-        assert_eq!(states, vec!["healthy", "unhealthy", "recovering"]);
-        assert_eq!(bands[1].from, 30_000);
-        assert_eq!(bands[1].to, 45_000);
-        let tps = &s.tokens_per_s.iter().find(|x| x.name == "gpu0").expect("gpu0").points;
-        assert_eq!(tps[0], (0, 2.0), "20 tokens in a 10 s bucket");
+        assert_eq!(s.buckets, vec![0, 10_000, 20_000, 30_000, 40_000, 50_000]);
+        assert_eq!(s.requests, 6);
+        assert_eq!(s.nodes, vec!["gpu0", "gpu1"]);
+        // Two requests in the last bucket (200, 400 ms): nearest rank puts p50 on 400 (rank
+        // round(0.5) = 1), and p95 too.
+        assert_eq!(node(&s.latency_p50, "gpu0"), &[Some(100.0), Some(300.0), None, None, None, Some(400.0)]);
+        assert_eq!(node(&s.latency_p95, "gpu0")[5], Some(400.0));
+        assert_eq!(s.latency_p50.cluster, vec![Some(100.0), Some(300.0), Some(900.0), Some(500.0), None, Some(400.0)]);
+        assert_eq!(node(&s.ttfb_p50, "gpu1"), &[None, None, Some(100.0), Some(50.0), None, None]);
     }
 
     #[test]
-    fn charts_match_their_snapshots() {
+    fn tokens_per_s_is_total_tokens_over_total_generation_time() {
         let s = fixed();
-        for chart in Chart::ALL {
-            let svg = svg(chart, &s, (640, 360)).expect("renders");
-            let path = format!("{}/tests/snapshots/chart-{}.svg", env!("CARGO_MANIFEST_DIR"), chart.name());
-            if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-                std::fs::write(&path, &svg).expect("write snapshot");
-                continue;
-            }
-            let want = std::fs::read_to_string(&path)
-                .unwrap_or_else(|_| panic!("missing {path}; run with UPDATE_SNAPSHOTS=1"));
-            assert_eq!(
-                svg,
-                want,
-                "{} chart changed; inspect it and run with UPDATE_SNAPSHOTS=1 if intended",
-                chart.name()
-            );
-        }
+        // a: 18 tokens in 90 ms = 200/s; b: 40 in 200 ms = 200/s.
+        assert_eq!(node(&s.tokens_per_s, "gpu0")[..2], [Some(200.0), Some(200.0)]);
+        // Last bucket: e (36 in 180 ms) and f (20 in 200 ms): 56 tokens / 0.38 s, not the mean
+        // of 200/s and 100/s.
+        let last = node(&s.tokens_per_s, "gpu0")[5].expect("a value");
+        assert!((last - 56.0 / 0.38).abs() < 1e-9, "{last}");
+        // d produced no token: no rate, a gap rather than 0.
+        assert_eq!(node(&s.tokens_per_s, "gpu1")[3], None);
+        let rows = [row(("x", "n", 0, 1_000, 500, 10, "ok", 0))];
+        assert_eq!(tokens_per_s(&rows), Some(20.0), "10 tokens in 500 ms of generation");
     }
 
     #[test]
-    fn svg_has_the_titles_and_node_names() {
-        let svg = svg(Chart::Latency, &fixed(), (640, 360)).expect("renders");
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("Latency p50"));
-        assert!(svg.contains("gpu0") && svg.contains("gpu1"), "legend names the nodes");
+    fn generation_time_falls_back_to_streaming_time_only_for_streams() {
+        let mut r = row(("x", "n", 0, 1_000, 200, 40, "ok", 0));
+        r.generation_us = None;
+        assert_eq!(generation(&r), None, "a whole answer without eval_duration has no generation time");
+        r.streamed = true;
+        assert_eq!(generation(&r), Some((40.0, 0.8)), "a stream's time after its first byte");
+        r.completion_tokens = Some(0);
+        assert_eq!(generation(&r), None);
     }
 
     #[test]
-    fn a_report_that_cannot_be_written_says_where() {
-        let dir = std::env::temp_dir().join(format!("corral-charts-missing-{}", std::process::id()));
-        for name in ["report.svg", "report.png"] {
-            let path = dir.join(name);
-            let err = report(&fixed(), &path).expect_err("the directory does not exist");
-            assert_eq!(err.code(), "report_write_failed", "{err}");
-            assert!(err.to_string().contains(&path.display().to_string()), "the message names the file: {err}");
-        }
+    fn outcomes_count_per_bucket_and_name_fallbacks() {
+        let mut rows =
+            vec![row(("a", "gpu0", 1_000, 10, 1, 1, "ok", 0)), row(("b", "gpu0", 2_000, 10, 1, 1, "error", 0))];
+        let mut cloud = row(("c", "gpu0", 15_000, 10, 1, 1, "ok", 0));
+        (cloud.node, cloud.fallback) = (None, Some("openai".into()));
+        rows.push(cloud);
+        rows.push(RequestRow { id: "r".into(), started_at: 3_000, status: "running".into(), ..Default::default() });
+        let s = Snapshot::build(&rows, &[], Buckets::spanning(0, 20_000, 2), 20_000, &[]);
+        let names: Vec<&str> = s.outcomes.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names, vec!["ok", "fallback", "error"], "in the fixed order; running is not an outcome");
+        assert_eq!(s.outcomes[1].values, vec![Some(0.0), Some(1.0)]);
+        assert_eq!(s.requests, 3);
+    }
+
+    #[test]
+    fn queue_depth_is_the_peak_in_each_bucket() {
+        let mut a = row(("a", "n", 30_000, 20_000, 1, 1, "ok", 12_000));
+        a.started_at = 12_000; // waited [12 s, 24 s)
+        let mut b = row(("b", "n", 30_000, 10_000, 1, 1, "ok", 1_000));
+        b.started_at = 22_000; // waited [22 s, 23 s)
+        let mut c = row(("c", "n", 30_000, 10_000, 1, 1, "ok", 5_000));
+        c.started_at = 24_000; // arrives as a leaves: never three at once
+        let s = Snapshot::build(&[a, b, c], &[], Buckets::spanning(0, 40_000, 4), 40_000, &[]);
+        assert_eq!(s.queue_depth, vec![Some(0.0), Some(1.0), Some(2.0), Some(0.0)]);
+    }
+
+    #[test]
+    fn health_bands_follow_events_and_the_current_state() {
+        let s = fixed();
+        let gpu1 = &s.health.iter().find(|h| h.node == "gpu1").expect("gpu1").bands;
+        let states: Vec<&str> = gpu1.iter().map(|b| b.state.as_str()).collect();
+        assert_eq!(states, vec!["healthy", "unhealthy", "recovering"]);
+        assert_eq!((gpu1[1].from, gpu1[1].to), (30_000, 45_000));
+        let gpu0 = &s.health.iter().find(|h| h.node == "gpu0").expect("gpu0").bands;
+        assert_eq!(gpu0, &vec![Band { from: 5_000, to: 60_000, state: "healthy".into() }], "no band before the start");
+        let current = [("gpu9".to_string(), "disabled".to_string())];
+        let live = Snapshot::build(&[], &[], Buckets::ending_at(100_000, 5_000, 12), 100_000, &current);
+        assert_eq!(live.requests, 0);
+        assert_eq!(live.health[0].bands, vec![Band { from: 45_000, to: 100_000, state: "disabled".into() }]);
+    }
+
+    #[test]
+    fn live_buckets_are_aligned_and_hold_now() {
+        let b = Buckets::ending_at(123_456, 5_000, 60);
+        assert_eq!(b.from_ms % 5_000, 0);
+        assert_eq!(b.index(123_456), Some(59), "now is in the last bucket");
+        assert_eq!(b.index(b.from_ms - 1), None);
+        assert_eq!(Buckets::ending_at(124_999, 5_000, 60), b, "the same buckets a second later");
     }
 }

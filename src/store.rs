@@ -91,6 +91,9 @@ pub struct RequestRow {
     pub failed_attempts: Vec<FailedAttempt>,
     /// The node that continued this answer after its stream broke (`continue_on_cut`).
     pub continued_by: Option<String>,
+    /// Time the node spent generating the completion tokens, in µs (Ollama's `eval_duration`);
+    /// tokens per second is `completion_tokens` / this (`crate::charts::generation`).
+    pub generation_us: Option<i64>,
 }
 
 /// One attempt that did not answer: where it went and how it ended.
@@ -444,7 +447,7 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
              fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by) ",
+             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us) ",
         );
         q.push_values(chunk, |mut b, row| {
             let failed = (!row.failed_attempts.is_empty())
@@ -472,7 +475,8 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
                 .push_bind(&row.client_request_id)
                 .push_bind(&row.answered_model)
                 .push_bind(failed)
-                .push_bind(&row.continued_by);
+                .push_bind(&row.continued_by)
+                .push_bind(row.generation_us);
         });
         q.push(
             " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
@@ -482,7 +486,8 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
              ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
              completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
              client_request_id=excluded.client_request_id, answered_model=excluded.answered_model, \
-             failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by",
+             failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by, \
+             generation_us=excluded.generation_us",
         );
         q.build().execute(&mut **tx).await?;
     }

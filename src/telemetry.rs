@@ -497,6 +497,15 @@ pub fn tokens_in_tail(tail: &[u8]) -> (Option<i64>, Option<i64>) {
     (prompt, completion)
 }
 
+/// Generation time from the end of an Ollama answer, `eval_duration` (ns), in µs; `None` for
+/// an answer that does not report it (OpenAI's usage has no duration).
+pub fn generation_us_in_tail(tail: &[u8]) -> Option<i64> {
+    let text = String::from_utf8_lossy(tail);
+    let at = text.rfind("\"eval_duration\":")? + "\"eval_duration\":".len();
+    let digits: String = text[at..].trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
+    digits.parse::<i64>().ok().map(|ns| ns / 1_000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +517,15 @@ mod tests {
         let openai = br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}"#;
         assert_eq!(tokens_in_tail(openai), (Some(3), Some(9)));
         assert_eq!(tokens_in_tail(b"nothing here"), (None, None));
+    }
+
+    #[test]
+    fn generation_time_is_eval_duration_not_prompt_eval_duration() {
+        let ollama = br#"{"done":true,"prompt_eval_duration":9000000,"eval_count":12,"eval_duration":250000000}"#;
+        assert_eq!(generation_us_in_tail(ollama), Some(250_000), "250 ms of generation");
+        let only_prompt = br#"{"done":true,"prompt_eval_duration":9000000}"#;
+        assert_eq!(generation_us_in_tail(only_prompt), None, "prompt evaluation is not generation");
+        assert_eq!(generation_us_in_tail(br#"data: {"usage":{"completion_tokens":9}}"#), None);
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub enum AdminError {
     Invalid(Vec<String>),
     #[error("body is not valid JSON for this endpoint: {0}")]
     BadBody(String),
+    /// A query parameter that cannot be used (`range=` of the chart series); the message
+    /// names the parameter and the values it takes.
+    #[error("{0}")]
+    BadQuery(String),
     #[error("{0}")]
     Secret(#[from] SecretError),
     /// The request store could not answer (a chart's or the requests list's query).
@@ -72,6 +76,7 @@ impl AdminError {
             Self::Conflict { .. } => "conflict",
             Self::Invalid(_) => "invalid_config",
             Self::BadBody(_) => "malformed_json",
+            Self::BadQuery(_) => "bad_query",
             Self::Secret(e) => e.code(),
             Self::Store(e) => e.code(),
             Self::Chart(e) => e.code(),
@@ -91,7 +96,7 @@ impl AdminError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::Conflict { .. } => StatusCode::CONFLICT,
-            Self::Invalid(_) | Self::BadBody(_) => StatusCode::BAD_REQUEST,
+            Self::Invalid(_) | Self::BadBody(_) | Self::BadQuery(_) => StatusCode::BAD_REQUEST,
             Self::Secret(SecretError::NotFound(_)) => StatusCode::NOT_FOUND,
             Self::Secret(
                 SecretError::BadName(_) | SecretError::Empty | SecretError::Reserved(_) | SecretError::BadOrigin(_),
@@ -136,6 +141,7 @@ mod tests {
             AdminError::Conflict { .. } => AdminError::Conflict { kind: "node", name: String::new() },
             AdminError::Invalid(_) => AdminError::Invalid(Vec::new()),
             AdminError::BadBody(_) => AdminError::BadBody(String::new()),
+            AdminError::BadQuery(_) => AdminError::BadQuery(String::new()),
             AdminError::Secret(SecretError::BadName(_)) => AdminError::Secret(SecretError::BadName(String::new())),
             AdminError::Secret(SecretError::NotFound(_)) => AdminError::Secret(SecretError::NotFound(String::new())),
             AdminError::Secret(SecretError::Empty) => AdminError::Secret(SecretError::Empty),

@@ -131,6 +131,7 @@ pub const ROUTES: &[Route] = &[
     protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),
     protected(Method::GET, "/admin/requests/summary", |m| on(m, requests::summary)),
     protected(Method::GET, "/admin/requests/{id}", |m| on(m, requests::get)),
+    protected(Method::GET, "/admin/charts/series", |m| on(m, charts::series)),
     protected(Method::GET, "/admin/charts/{file}", |m| on(m, charts::chart)),
     protected(Method::GET, "/admin/events", |m| on(m, events::events)),
     protected(Method::GET, "/admin/models", |m| on(m, models::matrix)),

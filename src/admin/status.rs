@@ -47,8 +47,8 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
 }
 
 /// Per node (and `cluster`), over the last 15 minutes from the store: requests, latency
-/// p50/p95, time to first byte p50, and generation speed (completion tokens per second of
-/// streaming). What the UI's cards show beside the live state.
+/// p50/p95, time to first byte p50, and tokens/s (output tokens / generation time,
+/// `crate::charts::generation`). What the UI's cards show beside the live state.
 async fn recent_stats(s: &AdminState) -> Value {
     let Some(store) = s.shared.telemetry.store() else { return json!({}) };
     let now_ms = (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64;
@@ -76,11 +76,6 @@ fn summarize(rows: &[&RequestRow]) -> Value {
     let mut ttfb: Vec<f64> = rows.iter().filter_map(|r| r.ttfb_ms).map(|v| v as f64).collect();
     total.sort_by(f64::total_cmp);
     ttfb.sort_by(f64::total_cmp);
-    let (tokens, gen_ms) =
-        rows.iter().fold((0i64, 0i64), |(t, ms), r| match (r.completion_tokens, r.total_ms, r.ttfb_ms) {
-            (Some(c), Some(total), Some(first)) if total > first => (t + c, ms + (total - first)),
-            _ => (t, ms),
-        });
     let pct = |v: &[f64], p: f64| (!v.is_empty()).then(|| crate::charts::percentile(v, p));
     json!({
         "requests": rows.len(),
@@ -88,7 +83,8 @@ fn summarize(rows: &[&RequestRow]) -> Value {
         "p50_ms": pct(&total, 50.0),
         "p95_ms": pct(&total, 95.0),
         "ttfb_p50_ms": pct(&ttfb, 50.0),
-        "tokens_per_s": (gen_ms > 0).then(|| tokens as f64 * 1000.0 / gen_ms as f64),
+        // The one definition the charts use too: output tokens / generation time.
+        "tokens_per_s": crate::charts::tokens_per_s(rows.iter().copied()),
     })
 }
 
@@ -151,6 +147,7 @@ fn admin_help(config: &crate::config::Config) -> Value {
             "/admin/requests/summary": "?range=1h&by=model|node",
             "/admin/config/import": "?mode=merge|replace&dry_run=true",
             "/admin/events": "SSE: node_state, request, config_reload, fallback_share",
+            "/admin/charts/series": "?range=5m|15m|1h|24h: every chart's numbers per bucket, per node and cluster-wide (JSON)",
             "/admin/charts/{file}": "{latency|ttfb|throughput|outcomes|queue|health}.svg?window=15m",
         },
     })

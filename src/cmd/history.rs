@@ -131,6 +131,7 @@ const COLUMNS: &[&str] = &[
     "answered_model",
     "failed_attempts",
     "continued_by",
+    "generation_us",
 ];
 
 /// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). A list

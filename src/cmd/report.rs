@@ -41,7 +41,9 @@ async fn draw(db: &Path, from: i64, out: &Path) -> Result<usize, String> {
     let q = corral::store::Query { since_ms: Some(from), limit: Some(1_000_000), ..Default::default() };
     let rows = corral::store::query_requests(&pool, &q).await.map_err(|e| e.to_string())?;
     let events = corral::store::query_node_events(&pool, from).await.map_err(|e| e.to_string())?;
-    let snap = corral::charts::Snapshot::build(&rows, &events, from, corral::store::now_ms(), 60);
+    let now = corral::store::now_ms();
+    let buckets = corral::charts::Buckets::spanning(from, now, 60);
+    let snap = corral::charts::Snapshot::build(&rows, &events, buckets, now, &[]);
     corral::charts::report(&snap, out).map_err(|e| e.to_string())?;
-    Ok(rows.len())
+    Ok(snap.requests)
 }

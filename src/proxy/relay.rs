@@ -292,9 +292,11 @@ impl Relay {
             Source::Provider(p) => format!("provider {p}"),
         };
         if let Some(mut t) = self.trace.take() {
-            let (prompt, completion) = crate::telemetry::tokens_in_tail(&self.tail_bytes());
+            let tail = self.tail_bytes();
+            let (prompt, completion) = crate::telemetry::tokens_in_tail(&tail);
             t.row.prompt_tokens = prompt;
             t.row.completion_tokens = completion;
+            t.row.generation_us = crate::telemetry::generation_us_in_tail(&tail);
             let (status, code) = match outcome {
                 Outcome::Success => (status_for(self.status.as_u16()), None),
                 Outcome::ClientGone => ("cancelled", Some("client_gone")),

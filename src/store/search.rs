@@ -58,7 +58,7 @@ pub struct Page {
 /// The columns of a [`RequestRow`], in its field order.
 pub(super) const ROW_COLUMNS: &str = "id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
      fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by";
+     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us";
 
 /// The page size `q` asks for: 1000 unless it says, within 1 and a million.
 pub fn limit_of(q: &Query) -> i64 {
@@ -178,6 +178,7 @@ pub(super) fn row_of(r: &SqliteRow) -> RequestRow {
             .and_then(|j| serde_json::from_str(&j).ok())
             .unwrap_or_default(),
         continued_by: r.get("continued_by"),
+        generation_us: r.get("generation_us"),
     }
 }
 

@@ -411,7 +411,55 @@ export interface RequestsSummary {
   all: SummaryGroup;
 }
 
-// ---- charts (admin.rs chart, src/charts.rs) ----
+// ---- charts (src/admin/charts.rs, src/charts.rs) ----
+
+/** The ranges the live charts offer (`GET /admin/charts/series?range=`). */
+export type ChartRange = "5m" | "15m" | "1h" | "24h";
+
+/** A named line: one value per bucket, `null` where there is no data (drawn as a gap). */
+export interface ChartLine {
+  name: string;
+  values: (number | null)[];
+}
+
+/** One measure for the whole cluster and per node. */
+export interface ChartMetric {
+  cluster: (number | null)[];
+  nodes: ChartLine[];
+}
+
+/** A state a node held over `[from, to)` (unix ms). */
+export interface HealthBand {
+  from: number;
+  to: number;
+  state: string;
+}
+
+/** `GET /admin/charts/series`: every chart's numbers, bucketed (src/charts.rs `Snapshot`). */
+export interface ChartSeries {
+  range: ChartRange;
+  ranges: ChartRange[];
+  from_ms: number;
+  /** The end of the data: now. */
+  to_ms: number;
+  bucket_ms: number;
+  /** Each bucket's start; every `values` list is aligned to it. */
+  buckets: number[];
+  /** Every node named, sorted: a node's colour is its index here. */
+  nodes: string[];
+  /** Requests that ended in the window. */
+  requests: number;
+  latency_p50: ChartMetric;
+  latency_p95: ChartMetric;
+  ttfb_p50: ChartMetric;
+  /** Output tokens / generation time, per bucket: total tokens / total generation seconds. */
+  tokens_per_s: ChartMetric;
+  /** Requests per bucket by outcome (ok, fallback, client_error, error, interrupted, ...). */
+  outcomes: ChartLine[];
+  /** The most requests waiting at once in each bucket. */
+  queue_depth: (number | null)[];
+  health: { node: string; bands: HealthBand[] }[];
+}
 
 export type ChartName = "latency" | "ttfb" | "throughput" | "outcomes" | "queue" | "health";
 
