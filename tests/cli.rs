@@ -610,3 +610,71 @@ fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains('\u{1b}'), "no ANSI escapes in {err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_without_a_config_file_saves_what_it_runs_as_this_machines_config_and_keeps_it_after() {
+    let home = std::env::temp_dir().join(format!("corral-cli-{}-saveas", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).expect("home");
+    let token = "save-as-token-0123456789abcdef0123";
+    let serve = Proc::spawn_env(
+        &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        &[
+            ("XDG_CONFIG_HOME", home.to_str().unwrap_or_default()),
+            ("XDG_DATA_HOME", home.to_str().unwrap_or_default()),
+            ("CORRAL_ADMIN_TOKEN", token),
+        ],
+    );
+    let admin = serve.url("Admin API on");
+    let client = reqwest::Client::new();
+    let status: Value = client
+        .get(format!("{admin}/admin/status"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(status["connect"]["config_file"], Value::Null, "no file yet: {}", status["connect"]);
+    let r = client.post(format!("{admin}/admin/config/save")).bearer_auth(token).send().await.expect("save");
+    assert_eq!(r.status(), 200);
+    let saved: Value = r.json().await.expect("json");
+    let path = home.join("corral").join("corral.toml");
+    assert_eq!(saved["saved_to"], path.display().to_string());
+    assert!(corral::Config::load(&path).is_ok(), "a valid config was written");
+    // From now on an edit goes into the file.
+    let r = client
+        .put(format!("{admin}/admin/settings"))
+        .bearer_auth(token)
+        .json(&json!({"retry": {"max_attempts": 5}}))
+        .send()
+        .await
+        .expect("edit");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    assert_eq!(corral::Config::load(&path).expect("valid").retry.max_attempts, 5, "the edit is in the file");
+    // A second save says where it already goes; an existing file is never overwritten.
+    let again: Value = client
+        .post(format!("{admin}/admin/config/save"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("save")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(again["new"], false);
+    drop(serve);
+    let before = std::fs::read_to_string(&path).expect("read");
+    let demo = Proc::spawn_env(
+        &["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"],
+        &[("XDG_CONFIG_HOME", home.to_str().unwrap_or_default()), ("CORRAL_ADMIN_TOKEN", token)],
+    );
+    let admin = demo.url("Admin API on");
+    let r = client.post(format!("{admin}/admin/config/save")).bearer_auth(token).send().await.expect("save");
+    // The next start without --config reads the saved file (the default path) and saves there.
+    assert_eq!(r.status(), 200);
+    let again: Value = r.json().await.expect("json");
+    assert_eq!((again["saved_to"].as_str(), again["new"].as_bool()), (path.to_str(), Some(false)));
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), before, "saving again rewrote nothing");
+}

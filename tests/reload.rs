@@ -213,10 +213,11 @@ async fn edits_made_at_the_same_time_all_land_in_the_file_and_the_running_config
         SimNode::start(SimSpec::default()).await.expect("sim"),
     ];
     let dir = std::env::temp_dir().join(format!("corral-reload-{}-concurrent", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
     let path = dir.join("corral.toml");
-    std::fs::write(&path, format!("# ours\n{}", config_text(&[("a", sims[0].url()), ("b", sims[1].url())])))
-        .expect("write");
+    let original = format!("# ours\n{}", config_text(&[("a", sims[0].url()), ("b", sims[1].url())]));
+    std::fs::write(&path, &original).expect("write");
     let token = "concurrent-edit-token-0123456789abcdef";
     let broker = Broker::start(
         Config::load(&path).expect("valid"),
@@ -242,8 +243,17 @@ async fn edits_made_at_the_same_time_all_land_in_the_file_and_the_running_config
         assert_eq!(disk.max_concurrency, live.max_concurrency, "the file and the broker agree on {}", disk.name);
     }
     assert!(std::fs::read_to_string(&path).expect("read").starts_with("# ours"), "comments kept");
-    let strays: Vec<_> =
-        std::fs::read_dir(&dir).expect("dir").flatten().filter(|e| e.file_name() != "corral.toml").collect();
+    let strays: Vec<_> = std::fs::read_dir(&dir)
+        .expect("dir")
+        .flatten()
+        .filter(|e| e.file_name() != "corral.toml" && e.file_name() != ".corral-backups")
+        .collect();
     assert!(strays.is_empty(), "no temp files left behind: {strays:?}");
+    // Each edit kept what the file held before it; the oldest backup is the file as written.
+    let mut backups: Vec<_> =
+        std::fs::read_dir(dir.join(".corral-backups")).expect("backups").flatten().map(|e| e.path()).collect();
+    backups.sort();
+    assert_eq!(backups.len(), 16, "one backup per edit: {backups:?}");
+    assert_eq!(std::fs::read_to_string(&backups[0]).expect("read"), original);
     broker.shutdown().await;
 }

@@ -15,6 +15,40 @@ use serde_json::{json, Value};
 use super::{commit, validate, AdminError, AdminState};
 use crate::config::{Accept, ImportMode};
 
+/// `POST /admin/config/save`: a broker started without a config file (the demo, a first
+/// desktop start) writes what it runs into this machine's config file, and from then on every
+/// edit goes there too and hand edits of it are reloaded. An existing file is never overwritten
+/// (start with `--config` to use it).
+pub(super) async fn save(State(s): State<AdminState>) -> Result<Json<Value>, AdminError> {
+    if let Some(path) = s.shared.config_file() {
+        return Ok(Json(json!({ "saved_to": path.display().to_string(), "new": false })));
+    }
+    let write_error = |path: &std::path::Path, detail: String| {
+        AdminError::ConfigFile(crate::config::EditError::Write { path: path.display().to_string(), detail })
+    };
+    let Some(path) = crate::config::default_path() else {
+        return Err(write_error(std::path::Path::new("corral.toml"), "this machine has no config directory".into()));
+    };
+    if path.exists() {
+        return Err(AdminError::Conflict { kind: "config file", name: path.display().to_string() });
+    }
+    let text = crate::config::export_text(&s.shared.config());
+    crate::config::write_private(&path, &text).map_err(|e| write_error(&path, e.to_string()))?;
+    s.shared.set_config_file(path.clone());
+    let shared = std::sync::Arc::clone(&s.shared);
+    match crate::reload::watch(path.clone(), shared, std::sync::Arc::clone(&s.shared.reload), s.shared.shutdown.clone())
+    {
+        Ok(task) => {
+            s.shared.tasks.spawn(task);
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot watch the saved config; hand edits need a restart")
+        }
+    }
+    tracing::info!(path = %path.display(), "running config saved as this machine's config file");
+    Ok(Json(json!({ "saved_to": path.display().to_string(), "new": true })))
+}
+
 pub(super) async fn export(State(s): State<AdminState>) -> Response {
     let text = crate::config::share_text(&s.shared.config());
     ([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], text).into_response()

@@ -128,6 +128,7 @@ pub const ROUTES: &[Route] = &[
     protected(Method::DELETE, "/admin/client-keys/{name}", |m| on(m, settings::revoke)),
     protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
     protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
+    protected(Method::POST, "/admin/config/save", |m| on(m, config::save)),
     protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),
     protected(Method::GET, "/admin/requests/summary", |m| on(m, requests::summary)),
     protected(Method::GET, "/admin/requests/{id}", |m| on(m, requests::get)),

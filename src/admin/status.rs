@@ -126,6 +126,8 @@ fn connect(s: &AdminState) -> Value {
         "env": format!("OLLAMA_HOST={first}"),
         "listeners": urls,
         "demo": demo,
+        // Where UI edits are written; null: they last until the broker stops.
+        "config_file": s.shared.config_file().map(|p| p.display().to_string()),
     })
 }
 

@@ -55,7 +55,37 @@ pub fn write_into(path: &Path, next: &Config) -> Result<(), EditError> {
         Ok(_) => return Err(EditError::Drift { path: shown, detail: "a value reads back differently".into() }),
         Err(e) => return Err(EditError::Drift { path: shown, detail: e.to_string() }),
     }
+    if edited == text {
+        return Ok(());
+    }
+    if !text.is_empty() {
+        backup(path, &text).map_err(|e| EditError::Write { path: shown.clone(), detail: format!("backup: {e}") })?;
+    }
     super::write_private(path, &edited).map_err(|e| EditError::Write { path: shown, detail: e.to_string() })
+}
+
+/// Backups of a config file kept beside it, newest last; older ones are removed.
+pub const BACKUPS_KEPT: usize = 20;
+
+/// Keep `text` (what `path` held before an edit) as `<dir>/.corral-backups/<name>.<UTC time>`,
+/// so an edit made through the UI can always be undone by hand.
+fn backup(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new(".")).join(".corral-backups");
+    let name = path.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let stamp = time::OffsetDateTime::now_utc()
+        .format(time::macros::format_description!("[year][month][day]T[hour][minute][second].[subsecond digits:6]Z"))
+        .unwrap_or_default();
+    super::write_private(&dir.join(format!("{name}.{stamp}")), text)?;
+    let mut kept: Vec<_> = std::fs::read_dir(&dir)?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| f.starts_with(&format!("{name}.")) && !f.ends_with(".tmp"))
+        .collect();
+    kept.sort();
+    for old in kept.iter().take(kept.len().saturating_sub(BACKUPS_KEPT)) {
+        let _ = std::fs::remove_file(dir.join(old));
+    }
+    Ok(())
 }
 
 /// `text` with `next` applied as a minimal edit.
@@ -188,6 +218,30 @@ mod tests {
     use super::*;
 
     const FILE: &str = "# my cluster\n[[nodes]]\nname = \"gpu0\" # the big one\nurl = \"http://127.0.0.1:11434\"\n\n[[nodes]]\nname = \"gpu1\"\nurl = \"http://127.0.0.1:11435\"\n\n[[categories]]\nname = \"default\"\npolicy = \"p2c\" # fast\n";
+
+    #[test]
+    fn each_write_keeps_the_previous_file_and_only_the_newest_backups_stay() {
+        let dir = std::env::temp_dir().join(format!("corral-edit-backup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("corral.toml");
+        std::fs::write(&path, "# mine\n[retry]\nmax_attempts = 2\n").expect("write");
+        for n in 0..(BACKUPS_KEPT as u32 + 3) {
+            let mut next = Config::load(&path).expect("valid");
+            next.retry.max_attempts = 3 + n;
+            write_into(&path, &next).expect("written");
+        }
+        let mut kept: Vec<_> =
+            std::fs::read_dir(dir.join(".corral-backups")).expect("dir").flatten().map(|e| e.path()).collect();
+        kept.sort();
+        assert_eq!(kept.len(), BACKUPS_KEPT);
+        let newest = std::fs::read_to_string(kept.last().expect("one")).expect("read");
+        assert!(newest.contains(&format!("max_attempts = {}", 2 + BACKUPS_KEPT as u32 + 2)), "{newest}");
+        // Writing what the file already says changes nothing and keeps no backup.
+        write_into(&path, &Config::load(&path).expect("valid")).expect("no-op");
+        assert_eq!(std::fs::read_dir(dir.join(".corral-backups")).expect("dir").count(), BACKUPS_KEPT);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn an_edit_changes_only_what_changed_and_keeps_comments() {

@@ -38,6 +38,8 @@ test("the overview says where to point clients, as bound", async () => {
   assert.ok(text.includes(c.proxy), `the proxy URL ${c.proxy} is shown: ${text}`);
   assert.ok(text.includes(`${c.proxy}/v1`) && text.includes(`OLLAMA_HOST=${c.proxy}`), text);
   assert.equal(await page.$("[data-testid=demo]"), null, "serve with real config is not marked demo");
+  const saved = await page.textContent("[data-testid=config-file]");
+  assert.ok(saved.includes(`saved to ${c.configPath}`), `says where edits go: ${saved}`);
   await page.close();
 });
 

@@ -25,3 +25,8 @@ export function importConfig(
     text: toml,
   });
 }
+
+/** `POST /admin/config/save`: with no config file yet, write the running config as this machine's. */
+export function saveAsMyConfig(): Promise<{ saved_to: string; new: boolean }> {
+  return call("POST", "/admin/config/save");
+}

@@ -274,6 +274,8 @@ export interface Connect {
   listeners: string[];
   /** The nodes are simulated (`corral demo`). */
   demo: boolean;
+  /** The file UI edits are written to; null: they last until the broker stops. */
+  config_file: string | null;
 }
 
 /** `GET`/`PUT /admin/accepting`. */
