@@ -149,11 +149,7 @@ fn fail_to_start(app: &AppHandle, why: &str) {
     // Let a corrected launch start while this message is still open.
     tauri_plugin_single_instance::destroy(app);
     let h = app.clone();
-    app.dialog()
-        .message(format!("Corral cannot start:\n\n{why}"))
-        .kind(MessageDialogKind::Error)
-        .title("Corral cannot start")
-        .show(move |_| h.exit(2));
+    app.dialog().message(why).kind(MessageDialogKind::Error).title("Corral cannot start").show(move |_| h.exit(2));
 }
 
 fn setup(app: &mut tauri::App, source: start::Source) -> Result<(), Box<dyn std::error::Error>> {

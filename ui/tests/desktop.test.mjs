@@ -195,6 +195,11 @@ test("--config with a missing file: an error window that names it, and no demo c
     assert.match(readState(errState)?.error ?? "", /missing\.toml \(given by --config\) does not exist/);
     // The message is a window of its own, titled so (no window manager: read X's tree).
     await eventually("the error window", async () => execFileSync("xwininfo", ["-root", "-tree"]).toString().includes('"Corral cannot start"'));
+    if (SHOTS) {
+      // No WebDriver session yet (nothing to ask about paints): give GTK a moment to draw.
+      await new Promise((r) => setTimeout(r, 1000));
+      execFileSync("import", ["-window", "root", "-crop", "520x170+0+0", join(SHOTS, "desktop-config-error.png")]);
+    }
   } finally {
     app.child.kill("SIGKILL");
     await app.exited;
@@ -291,6 +296,8 @@ test("a node's notification has an action that opens the window on the Nodes scr
   await wd.click("[data-screen=overview]");
   sims[1].stop();
   await wd.one(".card[data-node=gpu1][data-state=unhealthy]");
+  await eventually("the degraded icon", async () => readState()?.icon === "degraded" && readState().menu.includes("  gpu1 (down)"));
+  if (SHOTS) copyFileSync(join(dir, "tray-icon.png"), join(SHOTS, "desktop-tray-degraded.png"));
   await eventually("the notice shown", async () => Number(execFileSync("dunstctl", ["count", "displayed"]).toString().trim()) > 0);
   // dunst's "action": the notice's default action, which Corral names "Open node".
   execFileSync("dunstctl", ["action", "0"]);
