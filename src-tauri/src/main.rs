@@ -4,83 +4,59 @@
 //! can do, the admin API (and `corral serve` in a browser) can do too. The admin token comes
 //! from the OS keyring and travels in the URL fragment: nobody types it.
 //!
-//! Closing the window keeps Corral running in the tray; Quit drains in-flight requests first.
+//! One instance per session: a second launch hands over to the first (which shows its window)
+//! and exits. Closing the window keeps Corral running in the tray; Quit drains in-flight
+//! requests first.
 
 #![cfg_attr(not(debug_assertions), windows_subsystem = "windows")]
 
+mod icons;
+mod inspect;
+mod look;
+mod notify;
+mod save;
+mod start;
 mod tray;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use corral::config::Config;
+use corral::node::Registry;
 use corral::sim::SimNode;
-use corral::{Broker, StartOptions};
-use tauri::image::Image;
-use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
-use tauri::tray::{MouseButton, MouseButtonState, TrayIconBuilder, TrayIconEvent};
+use corral::state::Shared;
+use corral::Broker;
+use inspect::Inspect;
 use tauri::{AppHandle, Manager, RunEvent, WebviewUrl, WebviewWindowBuilder, WindowEvent};
 use tauri_plugin_dialog::{DialogExt, MessageDialogKind};
 use tokio_util::sync::CancellationToken;
 
 /// What the shell keeps while it runs.
-struct Shell {
+pub struct Shell {
     broker: Mutex<Option<Broker>>,
     stop: CancellationToken,
     ui_url: String,
     /// The demo cluster, when there was nothing to front.
     _sims: Vec<SimNode>,
+    shared: Arc<Shared>,
+    registry: Arc<Registry>,
+    muted: Arc<AtomicBool>,
+    /// The proxy URL clients point at (the first listener).
+    endpoint: String,
+    /// The UI for a browser (the token in the fragment, as the window gets it).
+    browser_url: String,
+    admin_url: String,
+    token: String,
+    http: reqwest::Client,
+    config_dir: PathBuf,
+    logs_dir: PathBuf,
+    inspect: Arc<Inspect>,
+    tray: OnceLock<tray::Tray>,
+    /// Wakes the tray's refresh at once (after a menu action).
+    kick: tokio::sync::Notify,
 }
 
-/// Where the cluster comes from: `CORRAL_CONFIG` or the config file, else an Ollama on the
-/// default port, else the demo cluster of simulated nodes.
-async fn start_broker() -> Result<(Broker, Vec<SimNode>, String), String> {
-    let path = std::env::var_os("CORRAL_CONFIG").map(std::path::PathBuf::from).or_else(corral::config::default_path);
-    let token =
-        std::env::var("CORRAL_ADMIN_TOKEN").ok().filter(|t| !t.is_empty()).or_else(
-            || match corral::secrets::admin_token() {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin token not kept in the keyring; using one for this run");
-                    None
-                }
-            },
-        );
-    let mut sims = Vec::new();
-    let (config, source, watch) = match path.filter(|p| p.exists()) {
-        Some(p) => {
-            let c = Config::load(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-            (c, p.display().to_string(), Some(p))
-        }
-        None if ollama_on_default_port().await => (Config::default(), "the Ollama on 127.0.0.1:11434".into(), None),
-        None => {
-            let (s, nodes) =
-                corral::sim::demo_nodes(3).await.map_err(|e| format!("cannot start the demo nodes: {e}"))?;
-            sims = s;
-            let mut c = Config { nodes, ..Config::default() };
-            let (cloud, provider, categories) =
-                corral::sim::demo_cloud().await.map_err(|e| format!("cannot start the simulated cloud: {e}"))?;
-            sims.push(cloud);
-            c.providers.push(provider);
-            c.categories.extend(categories);
-            c.store.path =
-                Some(corral::store::default_path(&c.store).with_file_name("corral-demo.db").display().to_string());
-            (c, "the demo cluster (no config, no Ollama on 127.0.0.1:11434)".into(), None)
-        }
-    };
-    let options =
-        StartOptions { admin_token: token, config_path: watch, demo: !sims.is_empty(), ..StartOptions::default() };
-    let broker = Broker::start(config, options).await.map_err(|e| e.to_string())?;
-    Ok((broker, sims, source))
-}
-
-/// Whether something listens on Ollama's default port (a bare connect, within half a second).
-async fn ollama_on_default_port() -> bool {
-    let connect = tokio::net::TcpStream::connect("127.0.0.1:11434");
-    matches!(tokio::time::timeout(std::time::Duration::from_millis(500), connect).await, Ok(Ok(_)))
-}
-
-fn show_window(app: &AppHandle) {
+pub fn show_window(app: &AppHandle) {
     let Some(shell) = app.try_state::<Shell>() else { return };
     if let Some(w) = app.get_webview_window("main") {
         let _ = w.show();
@@ -105,7 +81,27 @@ fn show_window(app: &AppHandle) {
     }
 }
 
-fn quit(app: &AppHandle) {
+/// Bring the window up on the Nodes screen with `node`'s row in view (a notification's
+/// action). The UI may still be loading in a new window: the script waits for it (≤ 10 s).
+pub fn open_node(app: &AppHandle, node: &str) {
+    show_window(app);
+    let Some(w) = app.get_webview_window("main") else { return };
+    let name = serde_json::to_string(node).unwrap_or_else(|_| "\"\"".into());
+    let js = format!(
+        "(function go(n) {{ const b = document.querySelector('[data-screen=nodes]'); \
+         if (!b) {{ if (n > 0) setTimeout(() => go(n - 1), 200); return; }} b.click(); \
+         setTimeout(() => {{ const r = document.querySelector('tr[data-node=' + CSS.escape({name}) + ']'); \
+         if (r) r.scrollIntoView({{ block: 'center' }}); }}, 100); }})(50)"
+    );
+    if let Err(e) = w.eval(&js) {
+        tracing::warn!(error = %e, "cannot open the Nodes screen");
+    }
+    if let Some(i) = app.try_state::<Arc<Inspect>>() {
+        i.update(|r| r.screen_opened = Some(format!("nodes:{node}")));
+    }
+}
+
+pub fn quit(app: &AppHandle) {
     let app = app.clone();
     tauri::async_runtime::spawn(async move {
         let broker = app.try_state::<Shell>().and_then(|s| {
@@ -120,115 +116,175 @@ fn quit(app: &AppHandle) {
     });
 }
 
-/// Save a file the UI hands over (config export, CSV), where the person picks.
-#[tauri::command]
-async fn save_file(app: AppHandle, name: String, text: String) -> Result<Option<String>, String> {
-    let Some(path) = app.dialog().file().set_file_name(&name).blocking_save_file() else { return Ok(None) };
-    let path = path.into_path().map_err(|e| e.to_string())?;
-    std::fs::write(&path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-    Ok(Some(path.display().to_string()))
+/// Refresh the tray now rather than at the next tick.
+pub fn kick(app: &AppHandle) {
+    if let Some(s) = app.try_state::<Shell>() {
+        s.kick.notify_one();
+    }
 }
 
-fn setup(app: &mut tauri::App) -> Result<(), Box<dyn std::error::Error>> {
-    let (broker, sims, source) = match tauri::async_runtime::block_on(start_broker()) {
-        Ok(b) => b,
+/// Test hook: run a tray menu item by id, as a click would. Refused unless
+/// `CORRAL_DESKTOP_STATE` is set (see `inspect.rs`).
+#[tauri::command]
+fn test_tray_click(app: AppHandle, id: String) -> Result<(), String> {
+    let on = app.try_state::<Arc<Inspect>>().is_some_and(|i| i.enabled());
+    if !on {
+        return Err("test hooks are off (CORRAL_DESKTOP_STATE is not set)".into());
+    }
+    match id.strip_prefix("notice:") {
+        Some(node) => open_node(&app, node),
+        None => tray::on_menu(&app, &id),
+    }
+    Ok(())
+}
+
+/// The broker could not start: say why in a window (and on stderr), then stop when the
+/// person closes it (exit code 2). The window is shown once the event loop runs.
+fn fail_to_start(app: &AppHandle, why: &str) {
+    tracing::error!(error = %why, "cannot start the broker");
+    eprintln!("error: Corral cannot start: {}", why.replace('\n', " "));
+    if let Some(i) = app.try_state::<Arc<Inspect>>() {
+        i.update(|r| r.error = Some(why.to_string()));
+    }
+    // Let a corrected launch start while this message is still open.
+    tauri_plugin_single_instance::destroy(app);
+    let h = app.clone();
+    app.dialog().message(why).kind(MessageDialogKind::Error).title("Corral cannot start").show(move |_| h.exit(2));
+}
+
+fn setup(app: &mut tauri::App, source: start::Source) -> Result<(), Box<dyn std::error::Error>> {
+    let started = match tauri::async_runtime::block_on(start::start_broker(source)) {
+        Ok(s) => s,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start the broker");
-            app.dialog()
-                .message(format!("Corral cannot start:\n\n{e}"))
-                .kind(MessageDialogKind::Error)
-                .title("Corral")
-                .blocking_show();
-            std::process::exit(2);
+            fail_to_start(app.handle(), &e);
+            return Ok(());
         }
     };
-    tracing::info!(%source, proxy = %broker.proxy_addr(), admin = %broker.admin_addr(), "broker started");
+    let broker = started.broker;
+    tracing::info!(source = %started.source, proxy = %broker.proxy_addr(), admin = %broker.admin_addr(), "broker started");
     let ui_url = format!("http://{}/ui/#token={}", broker.admin_addr(), broker.admin_token());
     let shared = Arc::clone(broker.shared());
     let muted = Arc::new(AtomicBool::new(std::env::var_os("CORRAL_MUTE").is_some()));
     let stop = CancellationToken::new();
-    tauri::async_runtime::spawn(corral::alerts::run(shared.telemetry.subscribe(), Arc::clone(&muted), stop.clone()));
-
-    let open = MenuItem::with_id(app, "open", "Open Corral", true, None::<&str>)?;
-    let pause = CheckMenuItem::with_id(app, "pause", "Pause accepting requests", true, false, None::<&str>)?;
-    let mute =
-        CheckMenuItem::with_id(app, "mute", "Mute notifications", true, muted.load(Ordering::Relaxed), None::<&str>)?;
-    let quit_item = MenuItem::with_id(app, "quit", "Quit (let requests finish)", true, None::<&str>)?;
-    let menu = Menu::with_items(
-        app,
-        &[&open, &PredefinedMenuItem::separator(app)?, &pause, &mute, &PredefinedMenuItem::separator(app)?, &quit_item],
-    )?;
-    let tray = TrayIconBuilder::with_id("corral")
-        .icon(Image::from_bytes(tray::TrayState::Unknown.icon())?)
-        .tooltip("Corral: starting")
-        .menu(&menu)
-        .on_menu_event({
-            let shared = Arc::clone(&shared);
-            let muted = Arc::clone(&muted);
-            move |app, event| match event.id.as_ref() {
-                "open" => show_window(app),
-                "pause" => shared.set_accepting(!shared.accepting()),
-                "mute" => {
-                    let now = !muted.load(Ordering::Relaxed);
-                    muted.store(now, Ordering::Relaxed);
-                    tracing::info!(muted = now, "notifications");
-                }
-                "quit" => quit(app),
-                _ => {}
-            }
-        })
-        .on_tray_icon_event(|tray, event| {
-            if let TrayIconEvent::Click { button: MouseButton::Left, button_state: MouseButtonState::Up, .. } = event {
-                show_window(tray.app_handle());
-            }
-        })
-        .build(app)?;
-
-    // Keep the tray's icon and tooltip in step with the nodes.
-    let mut events = shared.telemetry.subscribe();
-    let registry = Arc::clone(broker.registry());
-    let stop_tray = stop.clone();
-    let shared_tray = Arc::clone(&shared);
-    tauri::async_runtime::spawn(async move {
-        let mut last = None;
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
-        loop {
-            tokio::select! {
-                _ = stop_tray.cancelled() => return,
-                _ = events.recv() => {}
-                _ = tick.tick() => {}
-            }
-            let states: Vec<_> = registry.all().iter().map(|n| n.state()).collect();
-            let look = (tray::state_of(&states), tray::tooltip(&states, shared_tray.accepting()));
-            if last.as_ref() != Some(&look) {
-                if let Ok(img) = Image::from_bytes(look.0.icon()) {
-                    let _ = tray.set_icon(Some(img));
-                }
-                let _ = tray.set_tooltip(Some(&look.1));
-                last = Some(look);
-            }
-        }
+    let endpoint = shared.front().0.first().cloned().unwrap_or_else(|| format!("http://{}", broker.proxy_addr()));
+    let config_file = started.file.or_else(corral::config::default_path);
+    let shell = Shell {
+        ui_url: ui_url.clone(),
+        browser_url: ui_url,
+        admin_url: format!("http://{}", broker.admin_addr()),
+        token: broker.admin_token().to_string(),
+        registry: Arc::clone(broker.registry()),
+        broker: Mutex::new(Some(broker)),
+        stop: stop.clone(),
+        _sims: started.sims,
+        shared: Arc::clone(&shared),
+        muted: Arc::clone(&muted),
+        endpoint: endpoint.clone(),
+        http: reqwest::Client::builder().no_proxy().build()?,
+        config_dir: config_file.and_then(|f| f.parent().map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".")),
+        logs_dir: logs_dir(),
+        inspect: Arc::clone(&app.state::<Arc<Inspect>>()),
+        tray: OnceLock::new(),
+        kick: tokio::sync::Notify::new(),
+    };
+    app.manage(shell);
+    let handle = app.handle().clone();
+    let open: Arc<dyn Fn(String) + Send + Sync> = Arc::new(move |node: String| {
+        let h = handle.clone();
+        let _ = handle.run_on_main_thread(move || open_node(&h, &node));
     });
-
-    app.manage(Shell { broker: Mutex::new(Some(broker)), stop, ui_url, _sims: sims });
+    tauri::async_runtime::spawn(notify::run(shared.telemetry.subscribe(), Arc::clone(&muted), stop.clone(), open));
+    let t = tray::build(app.handle(), &endpoint, muted.load(std::sync::atomic::Ordering::Relaxed))?;
+    let _ = app.state::<Shell>().tray.set(t);
+    tauri::async_runtime::spawn(keep_tray(app.handle().clone()));
     if std::env::var_os("CORRAL_START_HIDDEN").is_none() {
         show_window(app.handle());
     }
     Ok(())
 }
 
-fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+/// Keep the tray in step: on every bus event, on a kick, and every second (in-flight counts).
+async fn keep_tray(app: AppHandle) {
+    let shell = app.state::<Shell>();
+    let mut events = shell.shared.telemetry.subscribe();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shell.stop.cancelled() => return,
+            _ = events.recv() => {}
+            _ = shell.kick.notified() => {}
+            _ = tick.tick() => {}
+        }
+        let Some(t) = shell.tray.get() else { continue };
+        if let Err(e) = t.refresh(&app, &shell, tray::snapshot(&shell)) {
+            tracing::warn!(error = %e, "cannot update the tray");
+        }
+    }
+}
+
+/// `~/.local/share/corral/logs` on Linux (the platform's data dir): `corral-desktop.log`.
+fn logs_dir() -> PathBuf {
+    directories::ProjectDirs::from("dev", "corral", "corral")
+        .map(|d| d.data_local_dir().join("logs"))
+        .unwrap_or_else(|| PathBuf::from("logs"))
+}
+
+/// Log to stderr (coloured on a terminal) and to the logs folder's file (never coloured).
+fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CORRAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let dir = logs_dir();
+    let file = corral::config::create_private_dir(&dir).and_then(|_| {
+        let path = dir.join("corral-desktop.log");
+        // One previous run kept, so the file cannot grow without end.
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() > 10 << 20) {
+            let _ = std::fs::rename(&path, dir.join("corral-desktop.log.1"));
+        }
+        std::fs::OpenOptions::new().create(true).append(true).open(path)
+    });
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let to_file = file.ok().map(|f| tracing_subscriber::fmt::layer().with_ansi(false).with_writer(Mutex::new(f)));
+    tracing_subscriber::registry().with(filter).with(stderr).with(to_file).init();
+}
+
+fn main() {
+    // WebKitWebDriver starts the app with `--automation`: not ours to refuse.
+    let args = std::env::args().skip(1).filter(|a| a != "--automation");
+    let args = match start::parse_args(args) {
+        Ok(a) if a.help => {
+            println!("{}", start::USAGE);
+            return;
+        }
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    init_logging();
+    let source = start::choose(
+        args.config,
+        std::env::var_os("CORRAL_CONFIG").map(PathBuf::from),
+        corral::config::default_path(),
+    );
     let app = tauri::Builder::default()
+        .plugin(tauri_plugin_single_instance::init(|app, argv, _cwd| {
+            tracing::info!(?argv, "a second launch: showing this window instead");
+            if let Some(i) = app.try_state::<Arc<Inspect>>() {
+                i.update(|r| r.second_launches += 1);
+            }
+            show_window(app);
+        }))
         .plugin(tauri_plugin_dialog::init())
-        .invoke_handler(tauri::generate_handler![save_file])
-        .setup(setup)
+        .plugin(tauri_plugin_clipboard_manager::init())
+        .plugin(tauri_plugin_opener::init())
+        .manage(Arc::new(Inspect::from_env()))
+        .invoke_handler(tauri::generate_handler![save::save_file, test_tray_click])
+        .setup(move |app| setup(app, source))
         .on_window_event(|window, event| {
             if let WindowEvent::CloseRequested { api, .. } = event {
                 // The broker keeps serving from the tray; Quit is in the tray's menu.
