@@ -678,3 +678,43 @@ async fn a_broker_without_a_config_file_saves_what_it_runs_as_this_machines_conf
     assert_eq!((again["saved_to"].as_str(), again["new"].as_bool()), (path.to_str(), Some(false)));
     assert_eq!(std::fs::read_to_string(&path).expect("read"), before, "saving again rewrote nothing");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn history_right_after_the_demo_reads_the_demos_store() {
+    let home = std::env::temp_dir().join(format!("corral-cli-{}-demohistory", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).expect("home");
+    let env =
+        [("XDG_DATA_HOME", home.to_str().unwrap_or_default()), ("XDG_CONFIG_HOME", home.to_str().unwrap_or_default())];
+    let demo = Proc::spawn_env(&["demo", "--port", "0", "--admin-port", "0", "--nodes", "1"], &env);
+    let base = demo.url("Ollama API:");
+    let r = reqwest::Client::new()
+        .post(format!("{base}/api/generate"))
+        .header("x-request-id", "after-the-demo-1")
+        .json(&json!({"model": "llama3.2", "prompt": "hi", "stream": false, "options": {"num_predict": 2}}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200);
+    let dir = home.display().to_string();
+    let history = move || {
+        let out = Command::new(BIN)
+            .args(["history", "--format", "json"])
+            .env("XDG_DATA_HOME", &dir)
+            .env("XDG_CONFIG_HOME", &dir)
+            .env("NO_COLOR", "1")
+            .output();
+        out.map(|o| (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned()))
+    };
+    // The writer batches off the request path: the row lands within a moment.
+    let mut seen = (String::new(), String::new());
+    for _ in 0..100 {
+        seen = tokio::task::spawn_blocking(history.clone()).await.expect("join").expect("runs");
+        if seen.0.contains("after-the-demo-1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(seen.0.contains("after-the-demo-1"), "the demo's request is listed: {seen:?}");
+    assert!(seen.1.contains("using the demo's store at"), "it says which store: {}", seen.1);
+}

@@ -10,11 +10,17 @@ use corral::config::Config;
 use corral::sim::SimNode;
 use corral::{Broker, StartOptions};
 
+/// Where the demo keeps its requests unless `--db` says otherwise: beside `corral serve`'s
+/// store, never in it.
+pub fn default_store() -> PathBuf {
+    corral::store::default_path(&corral::config::StoreConfig::default()).with_file_name("corral-demo.db")
+}
+
 pub async fn run(port: u16, n: usize, admin_port: u16, db: Option<PathBuf>) -> ExitCode {
     let mut config = Config::default();
     config.listeners[0].addr = SocketAddr::from(([127, 0, 0, 1], port)).to_string();
     config.admin.addr = SocketAddr::from(([127, 0, 0, 1], admin_port)).to_string();
-    let db = db.unwrap_or_else(|| corral::store::default_path(&config.store).with_file_name("corral-demo.db"));
+    let db = db.unwrap_or_else(default_store);
     config.store.path = Some(db.display().to_string());
     let (sims, nodes) = match corral::sim::demo_nodes(n).await {
         Ok(s) => s,

@@ -23,12 +23,20 @@ pub mod serve;
 pub mod sim;
 pub mod status;
 
-/// The request store: `--db`, else the one the config (`--config`, or the platform's) names.
+/// The request store: `--db`, else the one the config (`--config`, or the platform's) names;
+/// with neither given and no `corral serve` store yet, the one `corral demo` writes (said on
+/// stderr), so `corral history` right after the demo shows the demo's requests.
 fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {
-    match db {
-        Some(db) => Ok(db),
-        None => config::load(config).map(|(c, _, _)| corral::store::default_path(&c.store)),
+    if let Some(db) = db {
+        return Ok(db);
     }
+    let named = config::load(config).map(|(c, _, _)| corral::store::default_path(&c.store))?;
+    let demo = demo::default_store();
+    if config.is_none() && !named.exists() && demo.exists() {
+        eprintln!("using the demo's store at {} (no `corral serve` store at {})", demo.display(), named.display());
+        return Ok(demo);
+    }
+    Ok(named)
 }
 
 /// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.

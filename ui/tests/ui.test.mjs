@@ -6,6 +6,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cluster, browser, open } from "./harness.mjs";
 
+/** With CORRAL_SCREENSHOTS=DIR, the README's screenshots of these screens are saved there. */
+const SHOTS = process.env.CORRAL_SCREENSHOTS;
+
 let c, b;
 before(async () => {
   c = await cluster();
@@ -62,6 +65,7 @@ test("test latency colours each node's result", async () => {
   await page.waitForFunction(() => [...document.querySelectorAll("[data-testid=latency]")].every((td) => td.textContent && td.textContent !== "…"), null, { timeout: 5000 });
   assert.match(await page.getAttribute("tr[data-node=gpu0] [data-testid=latency]", "class"), /\bok\b/);
   assert.match(await page.textContent("tr[data-node=gpu1] [data-testid=latency]"), /failed/, "gpu1 is still down");
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, "ui-nodes.png"), fullPage: true });
   await page.close();
 });
 
@@ -197,6 +201,7 @@ test("providers: add one, see its key missing; requests list and CSV export", as
   assert.match(await page.textContent("tr[data-provider=openai]"), /\* → gpt-4o-mini/);
   const providers = await c.adminApi("GET", "/admin/providers");
   assert.equal(providers[0].secret, "openai-key");
+  if (SHOTS) await page.screenshot({ path: join(SHOTS, "ui-providers.png"), fullPage: true });
 
   await page.click("[data-screen=requests]");
   await page.waitForSelector("[data-testid=requests] tbody tr td:has-text('/api/chat')");
