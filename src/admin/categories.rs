@@ -7,8 +7,8 @@ use axum::Json;
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::{commit, parse, AdminError, AdminState};
-use crate::config::{CategoryConfig, Config};
+use super::{edit, parse, AdminError, AdminState};
+use crate::config::CategoryConfig;
 
 pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
     Json(json!(s.shared.config().categories))
@@ -23,9 +23,10 @@ pub(super) async fn get(State(s): State<AdminState>, Path(name): Path<String>) -
 /// `PUT /admin/categories`: replace the whole list.
 pub(super) async fn put_all(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
     let categories: Vec<CategoryConfig> = parse(&body)?;
-    let mut next = Config::clone(&s.shared.config());
-    next.categories = categories;
-    commit(&s, next)?;
+    edit(&s, |next| {
+        next.categories = categories;
+        Ok(())
+    })?;
     Ok(Json(json!(s.shared.config().categories)))
 }
 
@@ -37,23 +38,25 @@ pub(super) async fn put(
 ) -> Result<Json<Value>, AdminError> {
     let mut category: CategoryConfig = parse(&body)?;
     category.name = name.clone();
-    let mut next = Config::clone(&s.shared.config());
-    match next.categories.iter_mut().find(|c| c.name == name) {
-        Some(slot) => *slot = category,
-        None => next.categories.push(category),
-    }
-    commit(&s, next)?;
+    edit(&s, |next| {
+        match next.categories.iter_mut().find(|c| c.name == name) {
+            Some(slot) => *slot = category,
+            None => next.categories.push(category),
+        }
+        Ok(())
+    })?;
     let config = s.shared.config();
     Ok(Json(json!(config.category(&name))))
 }
 
 pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
-    let mut next = Config::clone(&s.shared.config());
-    let before = next.categories.len();
-    next.categories.retain(|c| c.name != name);
-    if next.categories.len() == before {
-        return Err(AdminError::NotFound { kind: "category", name });
-    }
-    commit(&s, next)?;
+    edit(&s, |next| {
+        let before = next.categories.len();
+        next.categories.retain(|c| c.name != name);
+        if next.categories.len() == before {
+            return Err(AdminError::NotFound { kind: "category", name: name.clone() });
+        }
+        Ok(())
+    })?;
     Ok(StatusCode::NO_CONTENT)
 }

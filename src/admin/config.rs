@@ -12,7 +12,7 @@ use http::header;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{commit, validate, AdminError, AdminState};
+use super::{edit, validate, AdminError, AdminState};
 use crate::config::{Accept, ImportMode};
 
 /// `POST /admin/config/save`: a broker started without a config file (the demo, a first
@@ -78,18 +78,28 @@ pub(super) async fn import(
         let ids = q.accept.unwrap_or_default();
         Accept::Ids(ids.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect())
     };
-    let plan = crate::config::plan(&s.shared.config(), &body, mode, &accept)
-        .map_err(|e| AdminError::Invalid(e.problems.iter().map(|p| p.to_string()).collect()))?;
-    let secrets = crate::config::secret_names(&plan.next);
+    let plan_on = |base: &crate::config::Config| {
+        crate::config::plan(base, &body, mode, &accept)
+            .map_err(|e| AdminError::Invalid(e.problems.iter().map(|p| p.to_string()).collect()))
+    };
     let dry_run = q.dry_run.unwrap_or(false);
-    if dry_run {
+    let plan = if dry_run {
+        let plan = plan_on(&s.shared.config())?;
         validate(&plan.next)?;
+        plan
     } else {
-        commit(&s, plan.next)?;
+        // Planned on the config in force under the edit lock, so an edit made meanwhile is kept.
+        let plan = edit(&s, |running| {
+            let plan = plan_on(running)?;
+            *running = plan.next.clone();
+            Ok(plan)
+        })?;
         if !plan.held_back.is_empty() {
             tracing::warn!(held_back = ?plan.held_back, "import applied without its unconfirmed trust changes");
         }
-    }
+        plan
+    };
+    let secrets = crate::config::secret_names(&plan.next);
     Ok(Json(json!({
         "mode": mode,
         "dry_run": dry_run,

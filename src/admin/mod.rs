@@ -207,15 +207,18 @@ fn validate(next: &Config) -> Result<(), AdminError> {
     Ok(())
 }
 
-/// Validate `next` as a whole, write it into the config file (when the broker has one: an edit
-/// must survive the next reload), then swap it in. A file that cannot be written changes
-/// nothing.
-fn commit(s: &AdminState, next: Config) -> Result<(), AdminError> {
-    validate(&next)?;
+/// Change the config in force: `change` edits a copy of it under the edit lock, so two edits
+/// at once are applied one after the other, each on the other's result (none is lost); then
+/// the whole is validated, written into the config file (when the broker has one: an edit
+/// must survive the next reload) and swapped in. A file that cannot be written changes nothing.
+fn edit<T>(s: &AdminState, change: impl FnOnce(&mut Config) -> Result<T, AdminError>) -> Result<T, AdminError> {
     let _one_at_a_time = s.shared.edit_lock();
+    let mut next = Config::clone(&s.shared.config());
+    let out = change(&mut next)?;
+    validate(&next)?;
     s.shared.persist(&next)?;
     s.shared.apply(next);
-    Ok(())
+    Ok(out)
 }
 
 /// A JSON body of the shape the endpoint takes, else 400 `malformed_json`.

@@ -11,8 +11,8 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{commit, parse, AdminError, AdminState};
-use crate::config::{Config, NodeConfig};
+use super::{edit, parse, AdminError, AdminState};
+use crate::config::NodeConfig;
 use crate::node::{Admin, Health, Node};
 
 /// One node as every admin read shows it (also the `nodes` of `/admin/status`).
@@ -63,12 +63,13 @@ pub(super) async fn get(State(s): State<AdminState>, Path(name): Path<String>) -
 
 pub(super) async fn add(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Response, AdminError> {
     let node: NodeConfig = parse(&body)?;
-    let mut next = Config::clone(&s.shared.config());
-    if next.nodes.iter().any(|n| n.name == node.name) {
-        return Err(AdminError::Conflict { kind: "node", name: node.name });
-    }
-    next.nodes.push(node.clone());
-    commit(&s, next)?;
+    edit(&s, |next| {
+        if next.nodes.iter().any(|n| n.name == node.name) {
+            return Err(AdminError::Conflict { kind: "node", name: node.name.clone() });
+        }
+        next.nodes.push(node.clone());
+        Ok(())
+    })?;
     let created = s.shared.registry.get(&node.name).map(|n| node_json(&n)).unwrap_or(Value::Null);
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
@@ -90,19 +91,20 @@ pub(super) async fn patch(
 ) -> Result<Json<Value>, AdminError> {
     let patch: NodePatch = parse(&body)?;
     let node = s.shared.registry.get(&name).ok_or_else(|| AdminError::NotFound { kind: "node", name: name.clone() })?;
-    let mut next = Config::clone(&s.shared.config());
-    if let Some(entry) = next.nodes.iter_mut().find(|n| n.name == name) {
-        if let Some(e) = patch.enabled {
-            entry.enabled = e;
+    edit(&s, |next| {
+        if let Some(entry) = next.nodes.iter_mut().find(|n| n.name == name) {
+            if let Some(e) = patch.enabled {
+                entry.enabled = e;
+            }
+            if let Some(w) = patch.weight {
+                entry.weight = w;
+            }
+            if let Some(m) = patch.max_concurrency {
+                entry.max_concurrency = m;
+            }
         }
-        if let Some(w) = patch.weight {
-            entry.weight = w;
-        }
-        if let Some(m) = patch.max_concurrency {
-            entry.max_concurrency = m;
-        }
-    }
-    commit(&s, next)?;
+        Ok(())
+    })?;
     // Draining is a runtime action, not config: it ends when the operator says so.
     match (patch.draining, node.admin()) {
         (Some(true), Admin::Active) => node.set_admin(Admin::Draining),
@@ -113,13 +115,14 @@ pub(super) async fn patch(
 }
 
 pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>) -> Result<StatusCode, AdminError> {
-    let mut next = Config::clone(&s.shared.config());
-    let before = next.nodes.len();
-    next.nodes.retain(|n| n.name != name);
-    if next.nodes.len() == before {
-        return Err(AdminError::NotFound { kind: "node", name });
-    }
-    commit(&s, next)?;
+    edit(&s, |next| {
+        let before = next.nodes.len();
+        next.nodes.retain(|n| n.name != name);
+        if next.nodes.len() == before {
+            return Err(AdminError::NotFound { kind: "node", name: name.clone() });
+        }
+        Ok(())
+    })?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -9,9 +9,9 @@ use axum::extract::{Path, State};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::{commit, parse, AdminError, AdminState};
+use super::{edit, parse, AdminError, AdminState};
 use crate::cloud::probe;
-use crate::config::{Config, ProviderConfig};
+use crate::config::ProviderConfig;
 use crate::secrets::KeyState;
 
 pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
@@ -59,9 +59,10 @@ pub(super) async fn list(State(s): State<AdminState>) -> Json<Value> {
 /// `PUT /admin/providers`: replace the whole list.
 pub(super) async fn put_all(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
     let providers: Vec<ProviderConfig> = parse(&body)?;
-    let mut next = Config::clone(&s.shared.config());
-    next.providers = providers;
-    commit(&s, next)?;
+    edit(&s, |next| {
+        next.providers = providers;
+        Ok(())
+    })?;
     Ok(Json(json!(s.shared.config().providers)))
 }
 

@@ -233,6 +233,8 @@ fn apply_bound(boot: &mut Config, patch: &SettingsPatch, problems: &mut Vec<Stri
 /// Answers `saved_to`, `restart_needed` (the keys that wait for a restart) and the settings.
 pub(super) async fn put(State(s): State<AdminState>, body: axum::body::Bytes) -> Result<Json<Value>, AdminError> {
     let patch: SettingsPatch = parse(&body)?;
+    // From reading the config in force to swapping the result in: one edit at a time.
+    let one_at_a_time = s.shared.edit_lock();
     let running = s.shared.config();
     let mut problems = Vec::new();
     let mut next = (*running).clone();
@@ -251,6 +253,7 @@ pub(super) async fn put(State(s): State<AdminState>, body: axum::body::Bytes) ->
     let waits = crate::state::restart_needed(&before, &boot);
     let saved_to = write_or_refuse(&s, &to_write, &waits)?;
     s.shared.apply(next);
+    drop(one_at_a_time);
     note_pending(&s, &waits);
     let mut answer = settings_json(&s).await;
     answer["saved_to"] = json!(saved_to);
