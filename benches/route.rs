@@ -36,14 +36,24 @@ fn bench(c: &mut Criterion) {
         let now = tokio::time::Instant::now();
         group.bench_function(policy.name(), |b| {
             b.iter(|| {
-                let ctx = PickCtx { model: Some("llama3.2"), session: Some("conversation-42"), now };
+                let ctx = PickCtx {
+                    model: Some("llama3.2"),
+                    session: Some("conversation-42"),
+                    now,
+                    work: Default::default(),
+                };
                 router.pick(black_box(&nodes), &ctx)
             })
         });
         group.bench_function(format!("{}+candidates", policy.name()), |b| {
             b.iter(|| {
                 let nodes = candidates(black_box(&reg), Some("llama3.2"), &[]).expect("candidates");
-                let ctx = PickCtx { model: Some("llama3.2"), session: Some("conversation-42"), now };
+                let ctx = PickCtx {
+                    model: Some("llama3.2"),
+                    session: Some("conversation-42"),
+                    now,
+                    work: Default::default(),
+                };
                 router.pick(&nodes, &ctx)
             })
         });

@@ -15,7 +15,7 @@
 //! request for a busy model does not hold up a low-priority one for an idle node.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -24,10 +24,15 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Origin, QueueConfig};
+use crate::config::{Origin, Policy, QueueConfig};
 use crate::error::BrokerError;
 use crate::node::{InFlight, Node, Registry};
+use crate::plan::{Board, Plan, Work};
 use crate::route::{self, NoCandidate, PickCtx, Router};
+
+/// How often waiters planned onto a busy node are re-planned while nothing else wakes the
+/// queue (a node slower than its estimate frees its slot later than planned).
+pub const REPLAN_EVERY: Duration = Duration::from_millis(250);
 
 /// What admission needs to know about a request.
 #[derive(Debug, Clone)]
@@ -45,6 +50,10 @@ pub struct Ticket {
     /// Whether the request has somewhere else to go when no node can take it (a cloud
     /// provider): then a node whose breaker is open is never forced through.
     pub has_alternative: bool,
+    /// How much work it is (prompt size, `num_predict`), for `fastest-finish`.
+    pub work: Work,
+    /// When the request arrived: its estimate (`X-Corral-Estimate-Ms`) counts from here.
+    pub arrived: Instant,
 }
 
 type Key = (u32, u8, u64);
@@ -100,6 +109,9 @@ pub struct Admission {
     limits: ArcSwap<QueueConfig>,
     queue: Mutex<Queue>,
     seq: AtomicU64,
+    /// Set while a waiter is planned onto a node's future slot: the dispatcher then re-plans
+    /// every `REPLAN_EVERY`.
+    planned: AtomicBool,
 }
 
 impl std::fmt::Debug for Admission {
@@ -115,6 +127,7 @@ impl Admission {
             limits: ArcSwap::from_pointee(limits),
             queue: Mutex::new(Queue::default()),
             seq: AtomicU64::new(0),
+            planned: AtomicBool::new(false),
         }
     }
 
@@ -148,7 +161,7 @@ impl Admission {
             let mut q = self.lock();
             if q.waiters.is_empty() {
                 // Nobody ahead: take a slot directly if there is one.
-                match self.place(&ticket) {
+                match self.place(&ticket, &mut Board::new()) {
                     Placement::Placed(g) => return Ok(g),
                     Placement::Impossible(e) => return Err(e),
                     Placement::Full => {}
@@ -199,10 +212,14 @@ impl Admission {
         let mut undeliverable = Vec::new();
         {
             let mut q = self.lock();
+            self.planned.store(false, Ordering::Release);
+            // One timetable for the whole walk: a waiter planned onto a future slot holds it
+            // against the waiters behind it.
+            let mut board = Board::new();
             let keys: Vec<Key> = q.waiters.keys().copied().collect();
             for key in keys {
                 let Some(w) = q.waiters.get(&key) else { continue };
-                let result = match self.place(&w.ticket) {
+                let result = match self.place(&w.ticket, &mut board) {
                     Placement::Full => continue,
                     Placement::Placed(g) => Ok(g),
                     Placement::Impossible(e) => Err(e),
@@ -239,8 +256,8 @@ impl Admission {
         nodes.iter().map(|n| n.held_off_left(now)).collect::<Option<Vec<_>>>()?.into_iter().min()
     }
 
-    /// Try to give `ticket` a slot now.
-    fn place(&self, ticket: &Ticket) -> Placement {
+    /// Try to give `ticket` a slot now; what it takes or plans is counted on `board`.
+    fn place(&self, ticket: &Ticket, board: &mut Board) -> Placement {
         let model = ticket.model.as_deref();
         let candidates = match self.candidates(ticket) {
             Ok(c) => c,
@@ -260,27 +277,69 @@ impl Admission {
         if force && ticket.has_alternative {
             return Placement::Impossible(BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() });
         }
-        let free: Vec<Arc<Node>> = candidates
-            .iter()
-            .zip(&allowed)
-            .filter(|(n, ok)| n.has_capacity() && (force || **ok))
-            .map(|(n, _)| Arc::clone(n))
-            .collect();
-        let ctx = PickCtx { model, session: ticket.session.as_deref(), now };
+        let eligible: Vec<Arc<Node>> =
+            candidates.iter().zip(&allowed).filter(|(_, ok)| force || **ok).map(|(n, _)| Arc::clone(n)).collect();
+        if ticket.router.policy() == Policy::FastestFinish {
+            return self.place_planned(ticket, &eligible, force, board, now);
+        }
+        let free: Vec<Arc<Node>> = eligible.into_iter().filter(|n| n.has_capacity()).collect();
+        let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
         let Some(i) = ticket.router.pick(&free, &ctx) else { return Placement::Full };
+        // What it should take there, so `fastest-finish` requests know when this slot frees.
+        let key = model.map(crate::config::model_key);
+        let service = board.quotes(&free, key.as_deref(), &ticket.work, now).get(i).map(|q| q.service);
         match free[i].try_dispatch(force) {
-            Some(g) => Placement::Placed(g),
+            Some(mut g) => {
+                let finish = service.map(|s| now + s);
+                g.plan(model, finish);
+                if let (Some(service), Some(finish)) = (service, finish) {
+                    board.book(&free[i], &Plan { index: i, start: now, finish, service }, now);
+                }
+                Placement::Placed(g)
+            }
             None => Placement::Full,
         }
+    }
+
+    /// `fastest-finish`: the node where `ticket` is estimated to end first, busy or not. Free
+    /// there now: placed. Busy: the request keeps waiting, that node's next slot booked for it
+    /// on `board`, and is re-planned on the next walk (a slot freeing, or `REPLAN_EVERY`).
+    fn place_planned(
+        &self,
+        ticket: &Ticket,
+        eligible: &[Arc<Node>],
+        force: bool,
+        board: &mut Board,
+        now: Instant,
+    ) -> Placement {
+        let model = ticket.model.as_deref();
+        let key = model.map(crate::config::model_key);
+        let key = key.as_deref();
+        let Some(plan) = board.plan(eligible, key, &ticket.work, now, |n| route::occupancy(n, key)) else {
+            return Placement::Full;
+        };
+        let node = &eligible[plan.index];
+        board.book(node, &plan, now);
+        if plan.starts_now(now) {
+            if let Some(mut g) = node.try_dispatch(force) {
+                g.plan(model, Some(plan.finish));
+                g.set_estimate(plan.finish.saturating_duration_since(ticket.arrived));
+                return Placement::Placed(g);
+            }
+        }
+        self.planned.store(true, Ordering::Release);
+        Placement::Full
     }
 
     /// Run the dispatcher whenever a slot frees or a node changes, until `cancel`.
     pub async fn run(self: Arc<Self>, cancel: CancellationToken) {
         let wake = Arc::clone(self.registry.wake());
         loop {
+            let replan = self.planned.load(Ordering::Acquire);
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = wake.notified() => self.dispatch(),
+                _ = tokio::time::sleep(REPLAN_EVERY), if replan => self.dispatch(),
             }
         }
     }

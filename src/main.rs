@@ -58,11 +58,12 @@ async fn run(command: Command) -> ExitCode {
         }
         Command::Completions { shell } => cmd::status::completions(shell),
         Command::Demo { port, nodes, admin_port, db } => cmd::demo::run(port, nodes, admin_port, db).await,
-        Command::Sim { port, nodes, models, tps, ttft_ms, parallel, max_queue, cloud, api_key, echo } => {
+        Command::Sim { port, nodes, models, tps, ttft_ms, load_ms, parallel, max_queue, cloud, api_key, echo } => {
             let spec = SimSpec {
                 models,
                 tps,
                 ttft: Duration::from_millis(ttft_ms),
+                load_ms,
                 parallel,
                 max_queue,
                 cloud,

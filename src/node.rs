@@ -21,7 +21,7 @@
 //! guard wakes the admission queue.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -34,6 +34,7 @@ use crate::breaker::{Breaker, BreakerPolicy, BreakerState, Permit};
 use crate::config::{model_key, normalize_model, Config, NodeConfig};
 use crate::ewma::PeakEwma;
 use crate::outcome::Outcome;
+use crate::speed::{Book, Speed, Timing};
 
 /// Liveness as the probes and passive signals see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -228,6 +229,11 @@ pub struct Node {
     /// Context length per model, learned from `/api/ps` and `/api/show`.
     context: ArcSwap<HashMap<String, u64>>,
     served: AtomicUsize,
+    /// Prefill, decode and load speed per model key, learned from finished answers.
+    speed: Mutex<Book>,
+    /// The expected end of each running request that has one (slot id, end): when a slot frees.
+    timetable: Mutex<Vec<(u64, Instant)>>,
+    next_slot: AtomicU64,
     wake: Arc<Notify>,
     events: Events,
 }
@@ -292,6 +298,9 @@ impl Node {
             loaded_at_ms: AtomicI64::new(0),
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
+            speed: Mutex::new(Book::default()),
+            timetable: Mutex::new(Vec::new()),
+            next_slot: AtomicU64::new(1),
             wake,
             events,
         })
@@ -522,6 +531,28 @@ impl Node {
         self.loaded.load().iter().any(|l| l.name == key && l.fully_in_vram())
     }
 
+    /// What a finished answer of `model` said about this node's speed.
+    pub fn observe_speed(&self, model: &str, timing: &Timing, now: Instant) {
+        lock(&self.speed).observe(&model_key(model), timing, now);
+    }
+
+    /// The speed estimate for `model` (by key); `None` when it never answered here.
+    pub fn speed_of_key(&self, key: &str, now: Instant) -> Option<Speed> {
+        lock(&self.speed).read(key, now)
+    }
+
+    /// Every model's speed estimate, by model key.
+    pub fn speeds(&self, now: Instant) -> Vec<(String, Speed)> {
+        lock(&self.speed).all(now)
+    }
+
+    /// Expected ends of the running requests that have one, earliest first.
+    pub fn running_ends(&self) -> Vec<Instant> {
+        let mut ends: Vec<Instant> = lock(&self.timetable).iter().map(|(_, end)| *end).collect();
+        ends.sort();
+        ends
+    }
+
     /// The node said it lacks `model`: stop routing it there until a probe says otherwise.
     pub fn forget_model(&self, model: &str) {
         let m = normalize_model(model);
@@ -568,7 +599,15 @@ impl Node {
             }
         };
         match self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
-            Ok(_) => Some(InFlight { node: Arc::clone(self), permit, judged: false, forced }),
+            Ok(_) => Some(InFlight {
+                node: Arc::clone(self),
+                permit,
+                judged: false,
+                forced,
+                model: None,
+                slot: None,
+                estimate: None,
+            }),
             Err(_) => {
                 // Give an unused trial back.
                 if permit == Permit::Trial {
@@ -663,9 +702,50 @@ pub struct InFlight {
     permit: Permit,
     judged: bool,
     forced: bool,
+    /// The model asked for, for the speed model.
+    model: Option<String>,
+    /// This request's entry in the node's timetable.
+    slot: Option<u64>,
+    /// How long the request was expected to take from its arrival, when a policy planned it.
+    estimate: Option<Duration>,
 }
 
 impl InFlight {
+    /// Say which model runs in this slot and, when known, when it should end (entered into the
+    /// node's timetable until the guard drops).
+    pub fn plan(&mut self, model: Option<&str>, end: Option<Instant>) {
+        self.model = model.map(str::to_string);
+        if let Some(end) = end {
+            let id = self.node.next_slot.fetch_add(1, Ordering::Relaxed);
+            let mut table = lock(&self.node.timetable);
+            if let Some(old) = self.slot.take() {
+                table.retain(|(i, _)| *i != old);
+            }
+            table.push((id, end));
+            self.slot = Some(id);
+        }
+    }
+
+    /// Remember the planner's estimate for the response header.
+    pub fn set_estimate(&mut self, estimate: Duration) {
+        self.estimate = Some(estimate);
+    }
+
+    pub fn estimate(&self) -> Option<Duration> {
+        self.estimate
+    }
+
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// Feed the node's speed model with a finished answer's timing.
+    pub fn observe_speed(&self, timing: &Timing, now: Instant) {
+        if let Some(m) = self.model.as_deref() {
+            self.node.observe_speed(m, timing, now);
+        }
+    }
+
     /// Whether this slot was given past an open breaker (the last node standing, with no
     /// other way to answer): such a node gets one attempt per request, not a retry loop.
     pub fn forced(&self) -> bool {
@@ -689,6 +769,9 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         // An exchange dropped without a verdict ended because the client left.
         self.judge(Outcome::ClientGone);
+        if let Some(id) = self.slot.take() {
+            lock(&self.node.timetable).retain(|(i, _)| *i != id);
+        }
         self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.node.wake.notify_one();
     }

@@ -3,9 +3,11 @@
 //! Three steps, always in this order:
 //! 1. `candidates` filters the registry down to nodes that may take this request at all
 //!    (active, not down, serve the model, not already tried for it).
-//! 2. `Router::pick` narrows them: model affinity first (nodes whose `/api/ps` shows the model
-//!    loaded entirely in VRAM, unless the category turns it off), then slow start (a recovering
-//!    node stays in the running with probability equal to its ramp, 10% -> 100%).
+//! 2. `Router::pick` narrows them: occupancy first (unless the category turns `affinity` off,
+//!    only the best tier stays: loaded-and-idle > not loaded > loaded-but-busy > loading would
+//!    evict another loaded model; "loaded" is `/api/ps` showing it entirely in VRAM, see
+//!    `occupancy`), then slow start (a recovering node stays in the running with probability
+//!    equal to its ramp, 10% -> 100%).
 //! 3. The category's `Balance` policy chooses one. Policies are small types behind one tiny
 //!    trait; randomness comes from an injected, seedable RNG (tower's `Balance::from_rng`):
 //!    - `round-robin`: a shared cursor.
@@ -23,6 +25,9 @@
 //!    - `sticky`: consistent hashing of `X-Corral-Session` on a ring with 160 virtual nodes per
 //!      node, so a session keeps hitting the node that holds its KV cache, and a node leaving
 //!      moves only its own sessions. Without a session it picks at random.
+//!    - `fastest-finish`: the earliest estimated finish (`crate::plan`: slot wait + prefill +
+//!      decode + cold load, from the learned speed model). Admission plans it over busy nodes
+//!      too, so a request may wait for a fast busy node instead of starting on a slow idle one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,6 +39,7 @@ use tokio::time::Instant;
 
 use crate::config::{CategoryConfig, Policy};
 use crate::node::{Node, Registry};
+use crate::plan::{Board, Work};
 
 /// Why no candidate could be found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +106,24 @@ pub struct PickCtx<'a> {
     pub model: Option<&'a str>,
     pub session: Option<&'a str>,
     pub now: Instant,
+    /// How much work the request is (for `fastest-finish`).
+    pub work: Work,
+}
+
+/// Occupancy rank of `node` for the model `key` (lower is better): 0 loaded and idle, 1 not
+/// loaded (loading it displaces nothing), 2 loaded but busy, 3 not loaded while another model
+/// is (loading it would likely evict that one). "Loaded" is `/api/ps`'s word, entirely in VRAM;
+/// "resident" is not "idle": with `OLLAMA_MAX_LOADED_MODELS=1` a loaded model is usually busy.
+pub fn occupancy(node: &Node, key: Option<&str>) -> u8 {
+    let Some(key) = key else { return 0 };
+    let loaded = node.loaded();
+    let hot = loaded.iter().any(|l| l.name == key && l.fully_in_vram());
+    match (hot, node.in_flight() > 0) {
+        (true, false) => 0,
+        (true, true) => 2,
+        (false, _) if loaded.iter().any(|l| l.name != key) => 3,
+        (false, _) => 1,
+    }
 }
 
 /// A routing policy. `nodes` is never empty; the answer is an index into it.
@@ -262,6 +286,20 @@ impl Balance for Sticky {
     }
 }
 
+/// The candidate whose estimated finish is earliest (`crate::plan`); given only free nodes,
+/// the one that is done soonest from now. Admission plans over busy nodes too
+/// (`Admission::place`), which is where waiting for a busy fast node is decided.
+#[derive(Debug, Default)]
+pub struct FastestFinish;
+
+impl Balance for FastestFinish {
+    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+        let key = ctx.model.map(crate::config::model_key);
+        let key = key.as_deref();
+        Board::new().plan(nodes, key, &ctx.work, ctx.now, |n| occupancy(n, key)).map_or(0, |p| p.index)
+    }
+}
+
 pub fn balance_for(policy: Policy, category: &CategoryConfig) -> Box<dyn Balance> {
     match policy {
         Policy::RoundRobin => Box::new(RoundRobin::default()),
@@ -271,6 +309,7 @@ pub fn balance_for(policy: Policy, category: &CategoryConfig) -> Box<dyn Balance
         Policy::P2c => Box::new(P2c),
         Policy::Priority => Box::new(PriorityOrder { order: category.order.clone() }),
         Policy::Sticky => Box::new(Sticky::default()),
+        Policy::FastestFinish => Box::new(FastestFinish),
     }
 }
 
@@ -307,21 +346,21 @@ impl Router {
             return None;
         }
         let mut rng = lock(&self.rng);
-        let key = ctx.model.map(crate::config::model_key);
-        let hot = |n: &Node| self.affinity && key.as_deref().is_some_and(|k| n.has_hot_key(k));
-        let any_hot = nodes.iter().any(|n| hot(n));
-        // Keep a node when it passes affinity (if any node is hot) and its slow-start dice.
-        let mut keep = |n: &Node| {
-            if any_hot && !hot(n) {
+        let key = ctx.model.map(crate::config::model_key).filter(|_| self.affinity);
+        let tiers: Vec<u8> = nodes.iter().map(|n| occupancy(n, key.as_deref())).collect();
+        let best = tiers.iter().copied().min().unwrap_or(0);
+        // Keep a node when it is in the best occupancy tier and passes its slow-start dice.
+        let mut keep = |i: usize| {
+            if tiers[i] != best {
                 return false;
             }
-            let f = n.slow_start_factor(ctx.now);
+            let f = nodes[i].slow_start_factor(ctx.now);
             f >= 1.0 || rng.gen_bool(f.clamp(0.0, 1.0))
         };
-        let pool: Vec<usize> = (0..nodes.len()).filter(|&i| keep(&nodes[i])).collect();
+        let pool: Vec<usize> = (0..nodes.len()).filter(|&i| keep(i)).collect();
         let pool = if pool.is_empty() {
-            // Every candidate lost its slow-start dice: fall back to the affinity set.
-            (0..nodes.len()).filter(|&i| !any_hot || hot(&nodes[i])).collect()
+            // Every candidate lost its slow-start dice: fall back to the best tier.
+            (0..nodes.len()).filter(|&i| tiers[i] == best).collect()
         } else {
             pool
         };
@@ -365,7 +404,7 @@ mod tests {
     }
 
     fn ctx<'a>(session: Option<&'a str>) -> PickCtx<'a> {
-        PickCtx { model: None, session, now: Instant::now() }
+        PickCtx { model: None, session, now: Instant::now(), work: Work::default() }
     }
 
     fn tally(r: &Router, nodes: &[Arc<Node>], n: usize) -> Vec<usize> {
@@ -502,7 +541,7 @@ mod tests {
             context_length: None,
         }]);
         let r = router(Policy::RoundRobin);
-        let c = PickCtx { model: Some("m"), session: None, now: Instant::now() };
+        let c = PickCtx { model: Some("m"), session: None, now: Instant::now(), work: Work::default() };
         for _ in 0..6 {
             assert_eq!(r.pick(&nodes, &c), Some(2), "only n2 has it fully in VRAM");
         }
@@ -512,6 +551,26 @@ mod tests {
         );
         let picks: std::collections::BTreeSet<_> = (0..6).map(|_| off.pick(&nodes, &c)).collect();
         assert_eq!(picks.len(), 3);
+    }
+
+    #[test]
+    fn occupancy_orders_idle_loaded_then_cold_then_busy_then_evicting() {
+        let reg = registry(4);
+        let nodes = reg.all();
+        let lm = |name: &str| LoadedModel { name: name.into(), size: 10, size_vram: 10, context_length: None };
+        nodes[0].set_loaded(vec![lm("m:latest")]);
+        nodes[1].set_loaded(vec![lm("m:latest")]);
+        nodes[3].set_loaded(vec![lm("other:latest")]);
+        let _busy = nodes[1].try_dispatch(false).expect("slot");
+        let ranks: Vec<u8> = nodes.iter().map(|n| occupancy(n, Some("m:latest"))).collect();
+        assert_eq!(ranks, vec![0, 2, 1, 3], "idle+loaded, busy+loaded, cold, would evict");
+        let r = router(Policy::LeastConnections);
+        let c = PickCtx { model: Some("m"), session: None, now: Instant::now(), work: Work::default() };
+        assert_eq!(r.pick(&nodes, &c), Some(0), "loaded and idle first");
+        let rest: Vec<_> = nodes[1..].to_vec();
+        assert_eq!(rest[r.pick(&rest, &c).expect("pick")].name(), "n2", "a cold idle node beats a busy warm one");
+        let last: Vec<_> = vec![Arc::clone(&nodes[1]), Arc::clone(&nodes[3])];
+        assert_eq!(last[r.pick(&last, &c).expect("pick")].name(), "n1", "busy warm beats evicting another model");
     }
 
     #[tokio::test(start_paused = true)]
@@ -593,8 +652,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn every_policy_picks_inside_the_candidates(n in 1usize..12, busy in proptest::collection::vec(0usize..4, 12), seed: u64, p in 0usize..7, session in "[a-z]{0,8}") {
-            let policy = [Policy::RoundRobin, Policy::Weighted, Policy::LeastConnections, Policy::LeastLatency, Policy::P2c, Policy::Priority, Policy::Sticky][p];
+        fn every_policy_picks_inside_the_candidates(n in 1usize..12, busy in proptest::collection::vec(0usize..4, 12), seed: u64, p in 0usize..Policy::ALL.len(), session in "[a-z]{0,8}") {
+            let policy = Policy::ALL[p];
             let reg = registry(n);
             let nodes = reg.all();
             let mut guards = Vec::new();
@@ -602,7 +661,7 @@ mod tests {
                 for _ in 0..*b { guards.push(nodes[i].try_dispatch(false)); }
             }
             let r = Router::new(&CategoryConfig { policy, ..CategoryConfig::default() }, Some(seed));
-            let c = PickCtx { model: None, session: (!session.is_empty()).then_some(session.as_str()), now: Instant::now() };
+            let c = PickCtx { model: None, session: (!session.is_empty()).then_some(session.as_str()), now: Instant::now(), work: Work::default() };
             for _ in 0..8 {
                 let i = r.pick(&nodes, &c).expect("non-empty");
                 prop_assert!(i < n);

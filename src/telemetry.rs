@@ -70,6 +70,12 @@ struct TokenLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelLabels {
+    node: String,
+    model: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     node: String,
     state: String,
@@ -104,6 +110,7 @@ struct Metrics {
     in_flight: Family<NodeLabels, Gauge>,
     breaker_open: Family<NodeLabels, Gauge>,
     node_state: Family<StateLabels, Gauge>,
+    speed: SpeedGauges,
     queue_depth: Gauge,
     store_dropped: Gauge,
     unauthenticated: Counter,
@@ -154,6 +161,7 @@ impl Metrics {
         registry.register("breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open", breaker_open.clone());
         registry.register("node_state", "1 for the state each node is in", node_state.clone());
         registry.register("queue_depth", "Requests waiting for a free node", queue_depth.clone());
+        let speed = SpeedGauges::register(&mut registry);
         registry.register(
             "store_dropped_records",
             "Request records dropped because the store writer fell behind",
@@ -170,10 +178,62 @@ impl Metrics {
             in_flight,
             breaker_open,
             node_state,
+            speed,
             queue_depth,
             store_dropped,
             unauthenticated,
             fallback_share,
+        }
+    }
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// The speed model per node and model (`crate::speed`); a series exists only while known.
+struct SpeedGauges {
+    decode: Family<ModelLabels, FloatGauge>,
+    prefill: Family<ModelLabels, FloatGauge>,
+    load: Family<ModelLabels, FloatGauge>,
+}
+
+impl SpeedGauges {
+    fn register(registry: &mut MetricsRegistry) -> Self {
+        let g = Self { decode: Family::default(), prefill: Family::default(), load: Family::default() };
+        registry.register(
+            "node_decode_tokens_per_second",
+            "Learned generation speed (eval_count / eval_duration, EWMA), by node and model",
+            g.decode.clone(),
+        );
+        registry.register(
+            "node_prefill_tokens_per_second",
+            "Learned prompt speed (prompt_eval_count / prompt_eval_duration, EWMA), by node and model",
+            g.prefill.clone(),
+        );
+        registry.register(
+            "node_load_seconds",
+            "Learned cold-load time (load_duration of answers that loaded the model), by node and model",
+            g.load.clone(),
+        );
+        g
+    }
+
+    fn set(&self, registry: &Registry) {
+        self.decode.clear();
+        self.prefill.clear();
+        self.load.clear();
+        let now = tokio::time::Instant::now();
+        for n in registry.all().iter() {
+            for (model, s) in n.speeds(now) {
+                let labels = ModelLabels { node: n.name().to_string(), model };
+                let put = |f: &Family<ModelLabels, FloatGauge>, v: Option<f64>| {
+                    if let Some(v) = v {
+                        f.get_or_create(&labels).set(v);
+                    }
+                };
+                put(&self.decode, s.decode_tps);
+                put(&self.prefill, s.prefill_tps);
+                put(&self.load, s.load_ms.map(|ms| ms / 1000.0));
+            }
         }
     }
 }
@@ -327,6 +387,7 @@ impl Telemetry {
                     .set(i64::from(s == current));
             }
         }
+        m.speed.set(registry);
         m.queue_depth.set(queue_depth as i64);
         m.fallback_share.set(self.fallback_share().0);
         m.store_dropped.set(self.store.as_ref().map_or(0, |s| s.dropped() as i64));

@@ -49,6 +49,8 @@ pub(super) fn node_json(n: &Node) -> Value {
         "models": n.models(),
         "loaded": *n.loaded(),
         "loaded_as_of": n.loaded_as_of(),
+        // Learned from finished answers; a field is null while unknown (never seen, or stale).
+        "speed": n.speeds(now).into_iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
 }
 

@@ -105,6 +105,9 @@ pub enum Command {
         /// Milliseconds before the first token.
         #[arg(long, default_value_t = 100)]
         ttft_ms: u64,
+        /// Milliseconds a model that is not loaded takes to load (reported as `load_duration`).
+        #[arg(long, default_value_t = 0)]
+        load_ms: u64,
         /// Requests generating at once; more wait, up to --max-queue, then "server busy".
         #[arg(long, default_value_t = 4)]
         parallel: usize,

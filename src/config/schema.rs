@@ -168,10 +168,11 @@ pub enum Policy {
     P2c,
     Priority,
     Sticky,
+    FastestFinish,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::RoundRobin,
         Policy::Weighted,
         Policy::LeastConnections,
@@ -179,6 +180,7 @@ impl Policy {
         Policy::P2c,
         Policy::Priority,
         Policy::Sticky,
+        Policy::FastestFinish,
     ];
 
     pub fn name(self) -> &'static str {
@@ -190,6 +192,7 @@ impl Policy {
             Self::P2c => "p2c",
             Self::Priority => "priority",
             Self::Sticky => "sticky",
+            Self::FastestFinish => "fastest-finish",
         }
     }
 }

@@ -92,6 +92,7 @@ pub async fn forward(
         };
         let node = Arc::clone(guard.node());
         let forced = guard.forced();
+        let estimate = guard.estimate();
         ticket.tried.push(Arc::clone(&node));
         if let Some(t) = trace.as_mut() {
             t.mark_dispatched();
@@ -105,9 +106,9 @@ pub async fn forward(
                 }
                 let resume = continues(shared, &config, &out, &answer, &node);
                 let resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle, resume);
-                return Ok(labelled(resp, node.name(), attempt));
+                return Ok(estimated(labelled(resp, node.name(), attempt), estimate));
             }
-            Ok(Attempt::Whole(resp)) => return Ok(labelled(resp, node.name(), attempt)),
+            Ok(Attempt::Whole(resp)) => return Ok(estimated(labelled(resp, node.name(), attempt), estimate)),
             Err(f) => {
                 tracing::debug!(request_id = %out.request_id, node = %node.name(), attempt, outcome = ?f.outcome, detail = %f.detail, "attempt failed");
                 // A node that let a deadline pass is not asked again for this request: a
@@ -212,6 +213,8 @@ fn ticket_for(out: &Outbound, router: Arc<crate::route::Router>) -> Ticket {
         body_bytes: out.body.len(),
         excluded: Vec::new(),
         has_alternative: out.has_alternative,
+        work: crate::plan::Work::of(&out.body),
+        arrived: Instant::now(),
     }
 }
 
@@ -222,6 +225,14 @@ fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
         h.insert("x-corral-node", v);
     }
     h.insert("x-corral-attempts", HeaderValue::from(attempt));
+    resp
+}
+
+/// `resp` with `fastest-finish`'s estimate of the request's time (from arrival), when it made one.
+fn estimated(mut resp: Response, estimate: Option<Duration>) -> Response {
+    if let Some(e) = estimate {
+        resp.headers_mut().insert("x-corral-estimate-ms", HeaderValue::from(e.as_millis() as u64));
+    }
     resp
 }
 

@@ -60,6 +60,7 @@ pub(crate) fn respond(
         tail: std::collections::VecDeque::with_capacity(TAIL_CHUNKS),
         silence: Box::pin(tokio::time::sleep(idle)),
         stashed: None,
+        began: Instant::now(),
     };
     let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
     *response.status_mut() = answer.status;
@@ -119,6 +120,8 @@ struct Relay {
     bytes: usize,
     /// Set for an answer that another node may continue if it breaks (`continue_on_cut`).
     resume: Option<Resume>,
+    /// When the first byte was here: the decode time of a node that reports no durations.
+    began: Instant,
 }
 
 impl Relay {
@@ -256,6 +259,18 @@ impl Relay {
         joined[joined.len().saturating_sub(16 * 1024)..].to_vec()
     }
 
+    /// Feed the node's speed model from the final chunk's timing fields (Ollama's), or from
+    /// the usage counts and the wall time since the first byte (an OpenAI-kind node).
+    fn teach_speed(&self, guard: &InFlight, tail: &[u8]) {
+        let mut timing = crate::speed::Timing::from_tail(tail);
+        // An answer assembled whole arrives at once: its wall time says nothing.
+        let wall = self.began.elapsed();
+        if timing.eval.is_none() && timing.eval_tokens.is_some() && wall >= Duration::from_millis(20) {
+            timing.eval = Some(wall);
+        }
+        guard.observe_speed(&timing, Instant::now());
+    }
+
     fn fail(mut self, outcome: Outcome, why: String, code: &str) -> Option<(Result<Bytes, std::io::Error>, Relay)> {
         let node = self.finish(outcome, &why);
         let message = format!("{why} on {node}; the answer is incomplete");
@@ -282,8 +297,13 @@ impl Relay {
         let Some(source) = self.source.take() else { return String::new() };
         // Held to the end of this function: the node's slot frees after the record is made.
         let mut guard = None;
+        // Read once: the token counts for the record and the timing for the speed model.
+        let tail = self.tail_bytes();
         let name = match source {
             Source::Node(mut g) => {
+                if outcome == Outcome::Success && self.status.is_success() {
+                    self.teach_speed(&g, &tail);
+                }
                 g.judge(outcome);
                 let name = format!("node {}", g.node().name());
                 guard = Some(g);
@@ -292,7 +312,6 @@ impl Relay {
             Source::Provider(p) => format!("provider {p}"),
         };
         if let Some(mut t) = self.trace.take() {
-            let tail = self.tail_bytes();
             let (prompt, completion) = crate::telemetry::tokens_in_tail(&tail);
             t.row.prompt_tokens = prompt;
             t.row.completion_tokens = completion;

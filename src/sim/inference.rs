@@ -76,6 +76,9 @@ pub(super) async fn inference(s: Arc<Shared>, kind: Kind, body: Bytes) -> Respon
     };
     let keep = keep_alive(&req);
     let load = s.load(&model, keep);
+    if s.spec.load_ms > 0 && load >= Duration::from_millis(s.spec.load_ms) {
+        tokio::time::sleep(load).await;
+    }
     // Ollama's preload: a native request with nothing to answer only loads the model, or, with
     // `keep_alive: 0`, unloads it.
     let nothing_to_say = match kind {
@@ -495,10 +498,11 @@ impl Shared {
         self.expires.lock().unwrap_or_else(|p| p.into_inner()).insert(name.clone(), until);
         let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
         if loaded.contains(&name) {
-            Duration::from_millis(2)
+            Duration::from_micros(100)
         } else {
             loaded.push(name);
-            Duration::from_millis(850)
+            // Never zero: a cold load always shows in `load_duration`.
+            Duration::from_millis(self.spec.load_ms).max(Duration::from_millis(1))
         }
     }
 }

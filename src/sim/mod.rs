@@ -74,6 +74,9 @@ pub struct SimSpec {
     /// Models held at an older revision: listed with another digest than on other nodes until
     /// pulled again (a pull brings the current one).
     pub older: Vec<String>,
+    /// How long loading a model that is not loaded takes, in ms: the first request for it
+    /// waits this long and reports it as `load_duration` (a loaded one reports 0.1 ms).
+    pub load_ms: u64,
 }
 
 impl Default for SimSpec {
@@ -93,6 +96,7 @@ impl Default for SimSpec {
             refuse_prefill: false,
             pull_ms: 0,
             older: Vec::new(),
+            load_ms: 0,
         }
     }
 }

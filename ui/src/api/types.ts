@@ -151,7 +151,7 @@ export interface DrillReport {
 
 // ---- categories (src/config.rs CategoryConfig) ----
 
-export type Policy = "round-robin" | "weighted" | "least-connections" | "least-latency" | "p2c" | "priority" | "sticky";
+export type Policy = "round-robin" | "weighted" | "least-connections" | "least-latency" | "p2c" | "priority" | "sticky" | "fastest-finish";
 
 /** `CloudPermission`, kebab-case. */
 export type CloudPermission = "never" | "on-failure";

@@ -1,0 +1,276 @@
+//! Finish-time planning, the engine of the `fastest-finish` policy.
+//!
+//! For each candidate node the planner estimates when this request would be done there:
+//!
+//! ```text
+//! finish = when a slot frees + prefill (prompt tokens / prefill speed)
+//!        + decode (num_predict, else the model's typical answer here, else 256 tokens, / decode speed)
+//!        + cold load (when the model is not resident there)
+//! ```
+//!
+//! and picks the earliest, which may be a busy fast node rather than an idle slow one (the
+//! field report's tail batch: idle A needs 80 s, busy B frees in 5 s and then needs 20 s, so
+//! waiting for B ends at 25 s). Speeds come from `crate::speed`; a node with no estimate yet
+//! is assumed as fast as the fastest known candidate (so it gets explored and learned), and
+//! with nothing known at all `DEFAULT_DECODE_TPS` is used.
+//!
+//! When a slot frees comes from a `Board`: one timetable per node, `max_concurrency` slots,
+//! each free at the expected end of the request running in it (from the node's timetable;
+//! a request past its expected end is expected to overrun by as much again, so a stalled node
+//! is not imagined as "about to finish"). Booking a plan moves the chosen slot to the plan's
+//! finish, so within one walk of the queue two waiting requests never count the same future
+//! slot. A board lives for one walk and is rebuilt from the nodes on the next, which re-plans
+//! every waiter as estimates change. A plan is an estimate, never a reservation a node knows.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::node::Node;
+use crate::speed::Speed;
+
+/// Decode speed assumed when no candidate has an estimate for the model.
+pub const DEFAULT_DECODE_TPS: f64 = 30.0;
+/// Answer length assumed when neither `num_predict` nor history says.
+pub const DEFAULT_OUTPUT_TOKENS: f64 = 256.0;
+/// Prompt tokens are estimated from the body's size at this many bytes per token.
+pub const BYTES_PER_TOKEN: usize = 4;
+/// A model that answered on a node this recently is taken as still loaded there (Ollama's
+/// default `keep_alive`).
+pub const RESIDENT_FOR: Duration = Duration::from_secs(5 * 60);
+
+/// How much work a request is, as far as it can be told before it runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Work {
+    pub prompt_tokens: u64,
+    /// `num_predict` (`max_tokens` on `/v1`), when the request says.
+    pub output_tokens: Option<u64>,
+}
+
+impl Work {
+    /// The work in a request body, by scanning it (no JSON parse).
+    pub fn of(body: &[u8]) -> Self {
+        let num = |k: &[u8]| crate::speed::last_number(body, k);
+        let output = num(b"\"num_predict\":").or_else(|| num(b"\"max_tokens\":"));
+        Work { prompt_tokens: (body.len() / BYTES_PER_TOKEN) as u64, output_tokens: output.filter(|n| *n > 0) }
+    }
+}
+
+/// Speeds to assume for a node that has none: the best among the candidates.
+#[derive(Debug, Clone, Copy)]
+struct Fallback {
+    decode_tps: f64,
+    prefill_tps: Option<f64>,
+}
+
+/// How long `work` takes on a node whose estimate is `speed`, once it has a slot.
+fn service(speed: Option<&Speed>, resident: bool, work: &Work, fallback: Fallback) -> Duration {
+    let s = speed.copied().unwrap_or_default();
+    let decode = s.decode_tps.unwrap_or(fallback.decode_tps).max(0.001);
+    let output = work.output_tokens.map(|n| n as f64).or(s.typical_output_tokens).unwrap_or(DEFAULT_OUTPUT_TOKENS);
+    let prefill = s.prefill_tps.or(fallback.prefill_tps).map_or(0.0, |p| work.prompt_tokens as f64 / p.max(0.001));
+    let load = if resident { 0.0 } else { s.load_ms.unwrap_or(0.0) / 1000.0 };
+    Duration::from_secs_f64((output / decode + prefill + load).min(24.0 * 3600.0))
+}
+
+/// The chosen candidate: where, when it starts and ends, and how long it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub index: usize,
+    pub start: Instant,
+    pub finish: Instant,
+    pub service: Duration,
+}
+
+impl Plan {
+    /// Whether the plan starts now (a slot is free), rather than waiting for one.
+    pub fn starts_now(&self, now: Instant) -> bool {
+        self.start <= now
+    }
+}
+
+/// One candidate's estimate for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Quote {
+    pub start: Instant,
+    pub service: Duration,
+}
+
+/// Per-node slot timetables for one walk of the queue.
+#[derive(Debug, Default)]
+pub struct Board {
+    /// By the node's address (a key only, never dereferenced).
+    lanes: HashMap<usize, Vec<Instant>>,
+}
+
+impl Board {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// When each of `node`'s slots frees, built from its timetable on first use.
+    fn lane(&mut self, node: &Arc<Node>, now: Instant, unknown: Duration) -> &mut Vec<Instant> {
+        self.lanes.entry(Arc::as_ptr(node) as usize).or_insert_with(|| {
+            let max = node.max_concurrency().max(1);
+            let ends = node.running_ends();
+            let untimed = node.in_flight().saturating_sub(ends.len());
+            let mut slots: Vec<Instant> = ends
+                .iter()
+                .map(|&end| if end >= now { end } else { now + (now - end) })
+                .chain(std::iter::repeat_n(now + unknown, untimed))
+                .collect();
+            slots.sort();
+            slots.truncate(max);
+            slots.resize(max, now);
+            slots
+        })
+    }
+
+    /// What `work` would cost on each of `nodes` (in order), given the bookings so far.
+    pub fn quotes(&mut self, nodes: &[Arc<Node>], key: Option<&str>, work: &Work, now: Instant) -> Vec<Quote> {
+        let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| key.and_then(|k| n.speed_of_key(k, now))).collect();
+        let best = |f: fn(&Speed) -> Option<f64>| {
+            speeds.iter().flatten().filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        };
+        let fallback = Fallback {
+            decode_tps: best(|s| s.decode_tps).unwrap_or(DEFAULT_DECODE_TPS),
+            prefill_tps: best(|s| s.prefill_tps),
+        };
+        nodes
+            .iter()
+            .zip(&speeds)
+            .map(|(n, s)| {
+                let resident = key.is_some_and(|k| n.has_hot_key(k))
+                    || s.and_then(|s| s.last).is_some_and(|at| now.saturating_duration_since(at) < RESIDENT_FOR);
+                let service = service(s.as_ref(), resident, work, fallback);
+                let lane = self.lane(n, now, service);
+                let start = lane.iter().min().copied().unwrap_or(now).max(now);
+                Quote { start, service }
+            })
+            .collect()
+    }
+
+    /// The candidate with the earliest finish; ties go to the one that starts first, then to
+    /// the lower `rank` (occupancy: loaded-and-idle first), then to fewer in flight (so nodes
+    /// that are all unknown yet share the first requests and all get learned), then config order.
+    pub fn plan(
+        &mut self,
+        nodes: &[Arc<Node>],
+        key: Option<&str>,
+        work: &Work,
+        now: Instant,
+        rank: impl Fn(&Node) -> u8,
+    ) -> Option<Plan> {
+        let quotes = self.quotes(nodes, key, work, now);
+        let (index, q) = quotes
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, q)| (q.start + q.service, q.start, rank(&nodes[*i]), nodes[*i].in_flight(), *i))?;
+        Some(Plan { index, start: q.start, finish: q.start + q.service, service: q.service })
+    }
+
+    /// Count `plan` on its node's earliest slot, so no later plan in this walk counts it.
+    pub fn book(&mut self, node: &Arc<Node>, plan: &Plan, now: Instant) {
+        let lane = self.lane(node, now, plan.service);
+        if let Some(slot) = lane.iter_mut().min() {
+            *slot = plan.finish;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NodeConfig;
+    use crate::node::{InFlight, NodeTuning, Registry};
+    use crate::route::{PickCtx, Router};
+    use crate::speed::Timing;
+
+    fn fleet() -> Registry {
+        let cfg = |name: &str, port| NodeConfig {
+            name: name.into(),
+            url: format!("http://127.0.0.1:{port}"),
+            max_concurrency: 1,
+            ..NodeConfig::default()
+        };
+        Registry::new(&[cfg("a", 1001), cfg("b", 1002)], NodeTuning::default()).expect("valid urls")
+    }
+
+    /// `node` generates at `tps` tokens/s (learned from one answer).
+    fn teach(node: &Node, tps: u64, now: Instant) {
+        let t = Timing { eval_tokens: Some(tps), eval: Some(Duration::from_secs(1)), ..Timing::default() };
+        node.observe_speed("m", &t, now);
+    }
+
+    /// The tail batch: A (10 tok/s) is idle and would take 80 s for 800 tokens; B (40 tok/s)
+    /// runs a request that ends in 5 s, then needs 20 s.
+    fn tail_batch(now: Instant) -> (Registry, InFlight) {
+        let reg = fleet();
+        let nodes = reg.all();
+        teach(&nodes[0], 10, now);
+        teach(&nodes[1], 40, now);
+        let mut running = nodes[1].try_dispatch(false).expect("b has a slot");
+        running.plan(Some("m"), Some(now + Duration::from_secs(5)));
+        (reg, running)
+    }
+
+    const BATCH: Work = Work { prompt_tokens: 0, output_tokens: Some(800) };
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tail_batch_waits_for_the_busy_fast_node() {
+        let now = Instant::now();
+        let (reg, _running) = tail_batch(now);
+        let nodes = reg.all();
+        let plan = Board::new().plan(&nodes, Some("m:latest"), &BATCH, now, |_| 0).expect("a plan");
+        assert_eq!(nodes[plan.index].name(), "b", "waiting 5 s for b beats 80 s on a: {plan:?}");
+        assert_eq!(plan.start - now, Duration::from_secs(5));
+        assert_eq!(plan.finish - now, Duration::from_secs(25));
+        let quotes = Board::new().quotes(&nodes, Some("m:latest"), &BATCH, now);
+        assert_eq!(quotes[0].start + quotes[0].service - now, Duration::from_secs(80), "a: now + 80 s");
+        // least-connections sees only who is free: a.
+        let free: Vec<Arc<Node>> = nodes.iter().filter(|n| n.has_capacity()).cloned().collect();
+        let lc = Router::new(&crate::config::CategoryConfig::default(), Some(7));
+        let ctx = PickCtx { model: Some("m"), session: None, now, work: BATCH };
+        assert_eq!(free[lc.pick(&free, &ctx).expect("a pick")].name(), "a", "least-connections starts now on a");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_waiters_never_book_the_same_future_slot() {
+        let now = Instant::now();
+        let (reg, _running) = tail_batch(now);
+        let nodes = reg.all();
+        let mut board = Board::new();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let plan = board.plan(&nodes, Some("m:latest"), &BATCH, now, |_| 0).expect("a plan");
+            board.book(&nodes[plan.index], &plan, now);
+            got.push((nodes[plan.index].name().to_string(), (plan.start - now).as_secs()));
+        }
+        let want: Vec<(String, u64)> =
+            [("b", 5), ("b", 25), ("b", 45), ("a", 0)].iter().map(|(n, s)| (n.to_string(), *s)).collect();
+        assert_eq!(
+            got, want,
+            "each waiter takes the slot after the one booked before it; the fourth (b at 85 s) goes to a (80 s)"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_past_its_expected_end_is_expected_to_overrun() {
+        let start = Instant::now();
+        let (reg, _running) = tail_batch(start);
+        tokio::time::advance(Duration::from_secs(8)).await;
+        let now = Instant::now();
+        let q = Board::new().quotes(&reg.all(), Some("m:latest"), &BATCH, now);
+        assert_eq!(q[1].start - now, Duration::from_secs(3), "3 s late: expected 3 s more, not 'any moment'");
+    }
+
+    #[test]
+    fn work_is_read_from_the_body() {
+        let w = Work::of(br#"{"model":"m","prompt":"hello there","options":{"num_predict":64}}"#);
+        assert_eq!(w.output_tokens, Some(64));
+        assert_eq!(Work::of(br#"{"model":"m","max_tokens":9}"#).output_tokens, Some(9));
+        assert_eq!(Work::of(br#"{"model":"m"}"#).output_tokens, None);
+    }
+}

@@ -1,0 +1,259 @@
+//! Speed model: how fast one node runs one model, learned from the answers it gives.
+//!
+//! Every finished exchange ends with Ollama's timing fields in its final chunk
+//! (`prompt_eval_count` / `prompt_eval_duration`: prefill, `eval_count` / `eval_duration`:
+//! decode, `load_duration`: a cold load); an OpenAI-kind node reports only `usage`, so its decode
+//! time is the wall time from the first byte to the end. Each observation is folded into a
+//! per-(node, model) estimate with the field report's rule, `new = 0.35 · old + 0.65 · observed`
+//! (recent answers dominate, one odd answer does not erase the history).
+//!
+//! An estimate goes stale: after `FRESH_FOR` without a sample its confidence halves every
+//! `HALF_LIFE`, and below `FORGET_BELOW` it reads as unknown (`None`), so a node that was slow an
+//! hour ago is explored again rather than avoided forever. A sample arriving on a stale estimate
+//! gives the old value only its remaining confidence's share of the 0.35.
+//!
+//! A cold load is learned only from answers whose `load_duration` says a load happened (above
+//! `COLD_LOAD_MIN`); a warm answer's few milliseconds say nothing about the next cold one.
+//!
+//! The book is small (one entry per model a node served) and touched once per finished
+//! exchange; nothing here runs per chunk.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// Weight of the old estimate in one update (the field report's 0.35 / 0.65).
+pub const KEEP: f64 = 0.35;
+/// An estimate this young is fully trusted.
+pub const FRESH_FOR: Duration = Duration::from_secs(10 * 60);
+/// Past `FRESH_FOR`, confidence halves every `HALF_LIFE`.
+pub const HALF_LIFE: Duration = Duration::from_secs(10 * 60);
+/// Below this confidence an estimate reads as unknown.
+pub const FORGET_BELOW: f64 = 0.125;
+/// A `load_duration` above this means the model was loaded for this request.
+pub const COLD_LOAD_MIN: Duration = Duration::from_millis(50);
+
+/// What one finished answer says about the node's speed. Durations from the node's own
+/// fields where it reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    pub prompt_tokens: Option<u64>,
+    pub prompt: Option<Duration>,
+    pub eval_tokens: Option<u64>,
+    pub eval: Option<Duration>,
+    pub load: Option<Duration>,
+}
+
+impl Timing {
+    /// The timing fields at the end of an answer (Ollama's final line, or OpenAI's usage event
+    /// followed by `[DONE]`), scanning from the back: the last occurrence of each field wins.
+    pub fn from_tail(tail: &[u8]) -> Self {
+        let num = |key: &[u8]| last_number(tail, key);
+        let ns = |key: &[u8]| num(key).map(Duration::from_nanos);
+        Timing {
+            prompt_tokens: num(b"\"prompt_eval_count\":").or_else(|| num(b"\"prompt_tokens\":")),
+            prompt: ns(b"\"prompt_eval_duration\":"),
+            eval_tokens: num(b"\"eval_count\":").or_else(|| num(b"\"completion_tokens\":")),
+            eval: ns(b"\"eval_duration\":"),
+            load: ns(b"\"load_duration\":"),
+        }
+    }
+}
+
+/// The unsigned integer after the last `key` in `hay`, without copying `hay`.
+pub fn last_number(hay: &[u8], key: &[u8]) -> Option<u64> {
+    let at = hay.windows(key.len()).rposition(|w| w == key)? + key.len();
+    let rest = &hay[at..];
+    let start = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    let digits = rest[start..].iter().take_while(|b| b.is_ascii_digit()).count();
+    std::str::from_utf8(&rest[start..start + digits]).ok()?.parse().ok()
+}
+
+/// One EWMA value and when it was last fed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Learned {
+    value: f64,
+    at: Instant,
+}
+
+/// How much an estimate last fed at `at` is still trusted at `now`: 1 while fresh, then halving.
+pub fn confidence(at: Instant, now: Instant) -> f64 {
+    let age = now.saturating_duration_since(at);
+    match age.checked_sub(FRESH_FOR) {
+        None => 1.0,
+        Some(over) => 0.5f64.powf(over.as_secs_f64() / HALF_LIFE.as_secs_f64()),
+    }
+}
+
+impl Learned {
+    fn fold(slot: &mut Option<Learned>, observed: f64, now: Instant) {
+        if !observed.is_finite() || observed <= 0.0 {
+            return;
+        }
+        let value = match *slot {
+            Some(old) => {
+                let keep = KEEP * confidence(old.at, now);
+                keep * old.value + (1.0 - keep) * observed
+            }
+            None => observed,
+        };
+        *slot = Some(Learned { value, at: now });
+    }
+
+    fn read(slot: Option<Learned>, now: Instant) -> Option<f64> {
+        slot.filter(|l| confidence(l.at, now) >= FORGET_BELOW).map(|l| l.value)
+    }
+}
+
+/// One (node, model) estimate.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Estimate {
+    prefill: Option<Learned>,
+    decode: Option<Learned>,
+    load: Option<Learned>,
+    /// Output tokens of a typical answer (EWMA of `eval_count`).
+    output: Option<Learned>,
+    /// When the model last answered here (it is resident for a while after).
+    last: Option<Instant>,
+    samples: u64,
+}
+
+/// What an estimate reads now; `None` fields are unknown (never seen, or forgotten).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Speed {
+    pub prefill_tps: Option<f64>,
+    pub decode_tps: Option<f64>,
+    pub load_ms: Option<f64>,
+    pub typical_output_tokens: Option<f64>,
+    /// Confidence of the decode estimate, 0..1 (1 while fresh).
+    pub confidence: f64,
+    pub samples: u64,
+    #[serde(skip)]
+    pub last: Option<Instant>,
+}
+
+impl Estimate {
+    pub fn observe(&mut self, t: &Timing, now: Instant) {
+        let rate = |n: Option<u64>, d: Option<Duration>| match (n, d) {
+            (Some(n), Some(d)) if n > 0 && !d.is_zero() => Some(n as f64 / d.as_secs_f64()),
+            _ => None,
+        };
+        if let Some(r) = rate(t.prompt_tokens, t.prompt) {
+            Learned::fold(&mut self.prefill, r, now);
+        }
+        if let Some(r) = rate(t.eval_tokens, t.eval) {
+            Learned::fold(&mut self.decode, r, now);
+        }
+        if let Some(l) = t.load.filter(|l| *l >= COLD_LOAD_MIN) {
+            Learned::fold(&mut self.load, l.as_secs_f64() * 1000.0, now);
+        }
+        if let Some(n) = t.eval_tokens.filter(|n| *n > 0) {
+            Learned::fold(&mut self.output, n as f64, now);
+        }
+        self.last = Some(now);
+        self.samples += 1;
+    }
+
+    pub fn read(&self, now: Instant) -> Speed {
+        Speed {
+            prefill_tps: Learned::read(self.prefill, now),
+            decode_tps: Learned::read(self.decode, now),
+            load_ms: Learned::read(self.load, now),
+            typical_output_tokens: Learned::read(self.output, now),
+            confidence: self.decode.map_or(0.0, |d| confidence(d.at, now)),
+            samples: self.samples,
+            last: self.last,
+        }
+    }
+}
+
+/// A node's estimates, per model key.
+#[derive(Debug, Default)]
+pub struct Book {
+    models: HashMap<String, Estimate>,
+}
+
+impl Book {
+    pub fn observe(&mut self, model: &str, t: &Timing, now: Instant) {
+        // Allocates a key only the first time a model is seen.
+        match self.models.get_mut(model) {
+            Some(e) => e.observe(t, now),
+            None => self.models.entry(model.to_string()).or_default().observe(t, now),
+        }
+    }
+
+    pub fn read(&self, model: &str, now: Instant) -> Option<Speed> {
+        self.models.get(model).map(|e| e.read(now))
+    }
+
+    /// Every model's estimate, sorted by model.
+    pub fn all(&self, now: Instant) -> Vec<(String, Speed)> {
+        let mut v: Vec<_> = self.models.iter().map(|(k, e)| (k.clone(), e.read(now))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(tokens: u64, ms: u64) -> Timing {
+        Timing { eval_tokens: Some(tokens), eval: Some(Duration::from_millis(ms)), ..Timing::default() }
+    }
+
+    #[test]
+    fn timing_fields_are_read_from_an_ollama_final_line() {
+        let line = br#"{"done":true,"total_duration":9,"load_duration":900000000,"prompt_eval_count":20,"prompt_eval_duration":100000000,"eval_count":50,"eval_duration":1000000000}"#;
+        let t = Timing::from_tail(line);
+        assert_eq!(t.prompt_tokens, Some(20));
+        assert_eq!(t.prompt, Some(Duration::from_millis(100)));
+        assert_eq!(t.eval_tokens, Some(50), "eval_count, not prompt_eval_count");
+        assert_eq!(t.eval, Some(Duration::from_secs(1)), "eval_duration, not prompt_eval_duration");
+        assert_eq!(t.load, Some(Duration::from_millis(900)));
+        let usage = b"data: {\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9}}\n\ndata: [DONE]\n\n";
+        let u = Timing::from_tail(usage);
+        assert_eq!((u.prompt_tokens, u.eval_tokens, u.eval), (Some(3), Some(9), None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ewma_keeps_a_third_of_the_old_estimate() {
+        let now = Instant::now();
+        let mut e = Estimate::default();
+        e.observe(&decode(100, 1000), now);
+        assert_eq!(e.read(now).decode_tps, Some(100.0), "the first sample is the estimate");
+        e.observe(&decode(200, 1000), now);
+        let got = e.read(now).decode_tps.expect("known");
+        assert!((got - (0.35 * 100.0 + 0.65 * 200.0)).abs() < 1e-9, "0.35 old + 0.65 new: {got}");
+        assert_eq!(e.read(now).prefill_tps, None, "no prefill fields, no prefill estimate");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_estimate_decays_to_unknown_and_counts_less_when_fed_again() {
+        let start = Instant::now();
+        let mut e = Estimate::default();
+        e.observe(&decode(100, 1000), start);
+        assert_eq!(e.read(start + FRESH_FOR).confidence, 1.0, "fully trusted while fresh");
+        let half = e.read(start + FRESH_FOR + HALF_LIFE);
+        assert!((half.confidence - 0.5).abs() < 1e-9, "{half:?}");
+        assert_eq!(half.decode_tps, Some(100.0), "still known at half confidence");
+        assert_eq!(e.read(start + FRESH_FOR + HALF_LIFE * 4).decode_tps, None, "forgotten: unknown again");
+        // Fed again at half confidence: the old value keeps 0.175, not 0.35.
+        e.observe(&decode(200, 1000), start + FRESH_FOR + HALF_LIFE);
+        let got = e.read(start + FRESH_FOR + HALF_LIFE).decode_tps.expect("known");
+        assert!((got - (0.175 * 100.0 + 0.825 * 200.0)).abs() < 1e-6, "{got}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_real_load_teaches_the_cold_load_time() {
+        let now = Instant::now();
+        let mut e = Estimate::default();
+        e.observe(&Timing { load: Some(Duration::from_millis(2)), ..decode(10, 100) }, now);
+        assert_eq!(e.read(now).load_ms, None, "a warm answer's 2 ms is no cold load");
+        e.observe(&Timing { load: Some(Duration::from_millis(1500)), ..decode(10, 100) }, now);
+        assert_eq!(e.read(now).load_ms, Some(1500.0));
+        assert_eq!(e.read(now).samples, 2);
+    }
+}
