@@ -112,6 +112,13 @@ pub enum BrokerError {
     /// A path with a `.`/`..` segment or an encoded separator: it could leave a node's base path.
     #[error("the request path has a \".\" or \"..\" segment or an encoded separator; send the plain path")]
     BadPath,
+    /// The same `Idempotency-Key` (or `X-Request-Id`) as a request that ran in this category's
+    /// window, whose answer is not replayed (`proxy::idempotency`); this one ran nowhere.
+    #[error("a request with this idempotency key already ran as {first} and {outcome}; it is not run twice (use a new key for a new request)")]
+    DuplicateRequest { first: String, outcome: String },
+    /// The same `Idempotency-Key` with another method, path or body.
+    #[error("this Idempotency-Key was already used by request {first} for another request (method, path or body differ); use a new key")]
+    IdempotencyKeyReused { first: String },
 }
 
 impl BrokerError {
@@ -153,6 +160,8 @@ impl BrokerError {
             Self::UnsupportedMediaType { .. } => "unsupported_media_type",
             Self::ModelOpsForbidden { .. } => "model_ops_forbidden",
             Self::BadPath => "bad_path",
+            Self::DuplicateRequest { .. } => "duplicate_request",
+            Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
         }
     }
 
@@ -171,6 +180,8 @@ impl BrokerError {
                 StatusCode::FORBIDDEN
             }
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::DuplicateRequest { .. } => StatusCode::CONFLICT,
+            Self::IdempotencyKeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } | Self::CloudRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -252,6 +263,10 @@ impl BrokerError {
         });
         if let Self::ModelNotFound { did_you_mean, .. } = self {
             body["did_you_mean"] = serde_json::json!(did_you_mean);
+        }
+        if let Self::DuplicateRequest { first, outcome } = self {
+            body["first_request_id"] = serde_json::json!(first);
+            body["first_outcome"] = serde_json::json!(outcome);
         }
         body
     }
@@ -383,6 +398,8 @@ mod tests {
             E::UnsupportedMediaType { .. } => E::UnsupportedMediaType { content_type: "".into() },
             E::ModelOpsForbidden { .. } => E::ModelOpsForbidden { path: "".into() },
             E::BadPath => E::BadPath,
+            E::DuplicateRequest { .. } => E::DuplicateRequest { first: "".into(), outcome: "".into() },
+            E::IdempotencyKeyReused { .. } => E::IdempotencyKeyReused { first: "".into() },
         })
     }
 

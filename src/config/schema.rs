@@ -234,6 +234,12 @@ pub struct CategoryConfig {
     /// (what the client already has is sent as the assistant's partial message) and reaches
     /// the client as one answer.
     pub continue_on_cut: bool,
+    /// How long a request's `Idempotency-Key` (or `X-Request-Id`) is remembered after it
+    /// finished; a duplicate that comes while it runs joins it. 0: off (no deduplication).
+    pub idempotency_window_ms: u64,
+    /// Within the window, answer a duplicate of a finished request from memory (never disk)
+    /// instead of 409 `duplicate_request`.
+    pub replay_finished: bool,
 }
 
 impl Default for CategoryConfig {
@@ -253,6 +259,8 @@ impl Default for CategoryConfig {
             first_token_timeout_ms: 0,
             stream_idle_timeout_ms: 30_000,
             continue_on_cut: false,
+            idempotency_window_ms: 600_000,
+            replay_finished: false,
         }
     }
 }
@@ -507,6 +515,10 @@ impl CategoryConfig {
     }
     pub fn stream_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.stream_idle_timeout_ms)
+    }
+    /// How long a finished request's name is remembered; `None`: deduplication is off.
+    pub fn idempotency_window(&self) -> Option<Duration> {
+        (self.idempotency_window_ms > 0).then(|| Duration::from_millis(self.idempotency_window_ms))
     }
     /// The first-token deadline, when the category sets one.
     pub fn first_token_timeout(&self) -> Option<Duration> {

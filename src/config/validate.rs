@@ -255,6 +255,7 @@ fn categories(c: &Config, out: &mut Found) {
                 "must be 0 (off) or at least 100 (milliseconds)",
             );
         }
+        idempotency(i, cat, out);
         for (j, p) in cat.providers.iter().enumerate() {
             if !c.providers.iter().any(|q| &q.name == p) {
                 push(out, format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
@@ -272,6 +273,26 @@ fn categories(c: &Config, out: &mut Found) {
                 push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
             }
         }
+    }
+}
+
+/// Longest `idempotency_window_ms`: a day; names are held in memory only.
+const MAX_IDEMPOTENCY_WINDOW_MS: u64 = 86_400_000;
+
+fn idempotency(i: usize, cat: &super::schema::CategoryConfig, out: &mut Found) {
+    if cat.idempotency_window_ms > MAX_IDEMPOTENCY_WINDOW_MS {
+        push(
+            out,
+            format!("categories[{i}].idempotency_window_ms"),
+            format!("must be at most {MAX_IDEMPOTENCY_WINDOW_MS} (a day, in milliseconds); 0 turns deduplication off"),
+        );
+    }
+    if cat.replay_finished && cat.idempotency_window_ms == 0 {
+        push(
+            out,
+            format!("categories[{i}].replay_finished"),
+            "needs idempotency_window_ms > 0: with deduplication off there is nothing to replay",
+        );
     }
 }
 
