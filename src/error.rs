@@ -119,6 +119,9 @@ pub enum BrokerError {
     /// The same `Idempotency-Key` with another method, path or body.
     #[error("this Idempotency-Key was already used by request {first} for another request (method, path or body differ); use a new key")]
     IdempotencyKeyReused { first: String },
+    /// A value over a cap of the category's `limits` with `over_limit = "refuse"`.
+    #[error("{field} {asked} is over category \"{category}\"'s limit of {limit}; ask for at most {limit}")]
+    OverLimit { category: String, field: String, asked: String, limit: String },
 }
 
 impl BrokerError {
@@ -162,6 +165,7 @@ impl BrokerError {
             Self::BadPath => "bad_path",
             Self::DuplicateRequest { .. } => "duplicate_request",
             Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
+            Self::OverLimit { .. } => "over_limit",
         }
     }
 
@@ -175,6 +179,7 @@ impl BrokerError {
             | Self::UnknownNode { .. }
             | Self::BodyRead(_)
             | Self::BadPath
+            | Self::OverLimit { .. }
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::ForbiddenHost { .. } | Self::ForbiddenOrigin { .. } | Self::ModelOpsForbidden { .. } => {
                 StatusCode::FORBIDDEN
@@ -400,6 +405,7 @@ mod tests {
             E::BadPath => E::BadPath,
             E::DuplicateRequest { .. } => E::DuplicateRequest { first: "".into(), outcome: "".into() },
             E::IdempotencyKeyReused { .. } => E::IdempotencyKeyReused { first: "".into() },
+            E::OverLimit { .. } => E::OverLimit { category: "".into(), field: "".into(), asked: "".into(), limit: "".into() },
         })
     }
 

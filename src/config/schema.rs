@@ -202,6 +202,52 @@ pub enum CloudPermission {
     OnFailure,
 }
 
+/// What the broker does with a request over one of its category's `limits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverLimit {
+    /// Lower it to the cap, and say so in `X-Corral-Clamped`.
+    #[default]
+    Clamp,
+    /// 400 `over_limit`; nothing is sent.
+    Refuse,
+}
+
+/// Per-category caps and defaults the broker applies to a generating request's body
+/// (`proxy::limits`). Every cap is off by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestLimits {
+    /// Most tokens an answer may ask for (`options.num_predict`, OpenAI's `max_tokens` /
+    /// `max_completion_tokens`); "no limit" (-1, -2) counts as over it. 0: no cap.
+    pub max_predict: u64,
+    /// Set when the request names no length. 0: none.
+    pub default_predict: u64,
+    /// Largest context a request may ask for (`options.num_ctx`). 0: no cap.
+    pub max_num_ctx: u64,
+    /// Set when the request names no context. 0: none.
+    pub default_num_ctx: u64,
+    /// Longest `keep_alive` (seconds) a request may ask of a node; "forever" (negative) counts
+    /// as over it. 0: no cap.
+    pub max_keep_alive_s: u64,
+    /// Set when the request names no `keep_alive`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_keep_alive_s: Option<u64>,
+    /// Allowed `temperature` range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature_max: Option<f64>,
+    pub over_limit: OverLimit,
+}
+
+impl RequestLimits {
+    /// Whether any cap or default is set (else bodies are never read for it).
+    pub fn is_active(&self) -> bool {
+        *self != Self { over_limit: self.over_limit, ..Self::default() }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CategoryConfig {
@@ -240,6 +286,8 @@ pub struct CategoryConfig {
     /// Within the window, answer a duplicate of a finished request from memory (never disk)
     /// instead of 409 `duplicate_request`.
     pub replay_finished: bool,
+    /// Caps and defaults for what a generating request may ask (`[categories.limits]`).
+    pub limits: RequestLimits,
 }
 
 impl Default for CategoryConfig {
@@ -261,6 +309,7 @@ impl Default for CategoryConfig {
             continue_on_cut: false,
             idempotency_window_ms: 600_000,
             replay_finished: false,
+            limits: RequestLimits::default(),
         }
     }
 }

@@ -17,6 +17,7 @@ mod context;
 mod fanout;
 mod forward;
 pub mod idempotency;
+pub mod limits;
 mod peek;
 mod relay;
 mod resume;
@@ -316,7 +317,8 @@ async fn serve(
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes, config.proxy.body_read_timeout())
         .await
         .map_err(|e| (e, 0))?;
-    let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
+    let mut asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
+    let body = limited(&config, &mut asked, parts.uri.path(), body).map_err(|e| (e, 0))?;
     let claim = match idempotency_ask(state, &config, &parts, &asked, &body, trace) {
         Some(ask) => state.idempotency.claim(ask, tokio::time::Instant::now()),
         None => idempotency::Claim::Untracked,
@@ -345,6 +347,24 @@ async fn serve(
             });
             f.response().await.map_err(|e| (e, 0))
         }
+    }
+}
+
+/// The body with the category's request limits applied (`limits`); what was clamped goes in
+/// `asked.clamped`, for `X-Corral-Clamped`.
+fn limited(
+    config: &Config,
+    asked: &mut Asked,
+    path: &str,
+    body: axum::body::Bytes,
+) -> Result<axum::body::Bytes, BrokerError> {
+    let Some(cat) = config.category(&asked.category) else { return Ok(body) };
+    match limits::apply(&cat.limits, &cat.name, path, &body)? {
+        Some(applied) => {
+            asked.clamped = (!applied.clamped.is_empty()).then(|| applied.clamped.join(", "));
+            Ok(applied.body)
+        }
+        None => Ok(body),
     }
 }
 
@@ -459,6 +479,9 @@ async fn execute(
     };
     if let Some(w) = asked.context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
+    }
+    if let Some(c) = asked.clamped.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        response.headers_mut().insert("x-corral-clamped", c);
     }
     Ok(response)
 }
@@ -583,6 +606,8 @@ struct Asked {
     textless: bool,
     /// The body's own `stream`, when it says.
     stream: Option<bool>,
+    /// What the category's limits lowered ("num_predict=512"), for `X-Corral-Clamped`.
+    clamped: Option<String>,
 }
 
 impl Asked {
@@ -624,7 +649,7 @@ impl Asked {
             _ => None,
         };
         let textless = parsed.as_ref().is_some_and(|p| p.chat_text == 0 && p.generate_text == 0);
-        Ok(Self { model, category, queue_timeout, context_warning, textless, stream })
+        Ok(Self { model, category, queue_timeout, context_warning, textless, stream, clamped: None })
     }
 }
 
