@@ -199,6 +199,7 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "X-Corral-Context-Warning": "the prompt fills more than 85% of the context",
             "X-Corral-Fallback": "the cloud provider that answered, when the cluster could not",
             "X-Corral-Idempotent": "attached (joined a running request) or replayed (from memory); X-Corral-First-Request-Id names the first",
+            "X-Corral-Degraded": "the smaller model that answered instead (the category's degrade chain)",
             "X-Corral-Clamped": "the request limits that lowered what the request asked (num_predict=512, temperature=1)",
         },
         "categories": config.categories.iter().map(category_help).collect::<Vec<_>>(),
@@ -254,6 +255,11 @@ fn category_help(c: &crate::config::CategoryConfig) -> Value {
             "while_running": if c.idempotency_window_ms > 0 { "a duplicate joins the running request and gets its whole answer" } else { "off: every request runs" },
             "after_finished": if c.replay_finished { "replayed from memory within the window" } else { "409 duplicate_request naming the first request (Idempotency-Key); X-Request-Id alone runs again" },
             "memory": memory,
+        },
+        "degrade": {
+            "chain": c.degrade,
+            "order": c.degrade_order,
+            "when": format!("the requested model cannot start within the queue timeout (its nodes busy or down): the next model that starts within {} ms answers, marked X-Corral-Degraded", crate::proxy::degrade::STEP_WAIT.as_millis()),
         },
         "limits": {
             "max_predict": l.max_predict, "default_predict": l.default_predict, "max_num_ctx": l.max_num_ctx,

@@ -202,6 +202,17 @@ pub enum CloudPermission {
     OnFailure,
 }
 
+/// Where a category's local degrade chain stands beside its cloud fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DegradeOrder {
+    /// A smaller local model first; the cloud only when the chain cannot answer either.
+    #[default]
+    BeforeCloud,
+    /// The cloud first; the chain only when no provider answered.
+    AfterCloud,
+}
+
 /// What the broker does with a request over one of its category's `limits`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -288,6 +299,11 @@ pub struct CategoryConfig {
     pub replay_finished: bool,
     /// Caps and defaults for what a generating request may ask (`[categories.limits]`).
     pub limits: RequestLimits,
+    /// Smaller local models, in order, served instead when the requested one cannot start
+    /// within the queue timeout (its nodes all busy or down); the answer says
+    /// `X-Corral-Degraded: <model>`.
+    pub degrade: Vec<String>,
+    pub degrade_order: DegradeOrder,
 }
 
 impl Default for CategoryConfig {
@@ -310,6 +326,8 @@ impl Default for CategoryConfig {
             idempotency_window_ms: 600_000,
             replay_finished: false,
             limits: RequestLimits::default(),
+            degrade: Vec::new(),
+            degrade_order: DegradeOrder::BeforeCloud,
         }
     }
 }

@@ -268,6 +268,14 @@ fn categories(c: &Config, out: &mut Found) {
                 "cloud = \"on-failure\" needs at least one provider to fall back to",
             );
         }
+        for (j, m) in cat.degrade.iter().enumerate() {
+            let path = format!("categories[{i}].degrade[{j}]");
+            if m.trim().is_empty() || m.len() > 256 || m.chars().any(char::is_control) {
+                push(out, path, "must be a model name (1 to 256 characters, no control characters)");
+            } else if cat.degrade[..j].iter().any(|d| super::model_key(d) == super::model_key(m)) {
+                push(out, path, format!("\"{m}\" is already earlier in the chain"));
+            }
+        }
         for (j, m) in cat.models.iter().enumerate() {
             if m.is_empty() {
                 push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
@@ -605,7 +613,7 @@ mod tests {
 
     #[test]
     fn idempotency_and_request_limits_are_checked() {
-        let text = "[[categories]]\nname = \"default\"\nidempotency_window_ms = 0\nreplay_finished = true\n\n[categories.limits]\nmax_predict = 100\ndefault_predict = 200\ntemperature_min = 1.5\ntemperature_max = 0.5\nover_limit = \"refuse\"\n\n[[categories]]\nname = \"long\"\nidempotency_window_ms = 999999999\n";
+        let text = "[[categories]]\nname = \"default\"\nidempotency_window_ms = 0\nreplay_finished = true\n\n[categories.limits]\nmax_predict = 100\ndefault_predict = 200\ntemperature_min = 1.5\ntemperature_max = 0.5\nover_limit = \"refuse\"\n\n[[categories]]\nname = \"long\"\nidempotency_window_ms = 999999999\ndegrade = [\"qwen2.5:3b\", \"\", \"qwen2.5:3b\"]\n";
         let err = Config::parse(text).expect_err("broken settings");
         let found: Vec<(&str, &str)> = err.problems.iter().map(|p| (p.path.as_str(), p.message.as_str())).collect();
         for (path, says) in [
@@ -613,6 +621,8 @@ mod tests {
             ("categories[0].limits.default_predict", "over max_predict"),
             ("categories[0].limits.temperature_min", "range is empty"),
             ("categories[1].idempotency_window_ms", "at most 86400000"),
+            ("categories[1].degrade[1]", "must be a model name"),
+            ("categories[1].degrade[2]", "already earlier in the chain"),
         ] {
             assert!(
                 found.iter().any(|(p, m)| *p == path && m.contains(says)),

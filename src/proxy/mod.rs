@@ -14,6 +14,7 @@
 
 pub mod browser;
 mod context;
+pub mod degrade;
 mod fanout;
 mod forward;
 pub mod idempotency;
@@ -445,37 +446,25 @@ async fn execute(
     let fallback_body = body.clone();
     let may_fall_back = lifecycle.is_none() && crate::cloud::can_fall_back(&path);
     let out = outbound(state, parts, body, id, &asked, cat, may_fall_back);
+    // Kept for the degrade chain, only where there is one (a load is not degraded).
+    let spare = cat.filter(|c| !c.degrade.is_empty() && lifecycle.is_none()).map(|_| out.clone());
     // The fallback may wait for a rate-limited provider only within the request's queue timeout.
     let deadline = tokio::time::Instant::now() + asked.queue_timeout;
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
-        Err((local, attempts)) => match (cat, asked.model.as_deref()) {
-            // A load or unload generates nothing: never a (billed) cloud call.
-            (Some(cat), Some(model)) if may_fall_back && crate::cloud::is_trigger(&local) => {
-                let req = crate::cloud::Request {
-                    path: &path,
-                    body: &fallback_body,
-                    model,
-                    category: cat,
-                    request_id: id,
-                    deadline,
-                };
-                fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
-            }
-            // Any node's version will do, and with none Corral's own is the answer.
-            _ if path == "/api/version" => return Ok(own_version()),
-            (Some(cat), Some(model)) if path == "/api/show" && crate::cloud::is_trigger(&local) => {
-                let Some((provider, answer)) = crate::cloud::show(&config, cat, model, &local) else {
-                    return Err((local, attempts));
-                };
-                let mut r = axum::Json(answer).into_response();
-                if let Ok(v) = HeaderValue::from_str(&provider) {
-                    r.headers_mut().insert("x-corral-fallback", v);
-                }
+        Err((local, attempts)) => {
+            let spare = spare.filter(|_| degrade::is_trigger(&local));
+            let first = cat.is_some_and(|c| c.degrade_order == crate::config::DegradeOrder::BeforeCloud);
+            if let Some(r) = degrade::serve(shared, spare.as_ref().filter(|_| first), trace).await {
                 r
+            } else {
+                let failed = Failed { path: &path, body: &fallback_body, id, deadline, may_fall_back };
+                match otherwise(shared, &config, cat, asked.model.as_deref(), failed, (local, attempts), trace).await {
+                    Ok(r) => r,
+                    Err(e) => degrade::serve(shared, spare.as_ref().filter(|_| !first), trace).await.ok_or(e)?,
+                }
             }
-            (_, _) => return Err((local, attempts)),
-        },
+        }
     };
     if let Some(w) = asked.context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
@@ -484,6 +473,56 @@ async fn execute(
         response.headers_mut().insert("x-corral-clamped", c);
     }
     Ok(response)
+}
+
+/// What a request that no local node answered still carries, for the cloud fallback.
+struct Failed<'a> {
+    path: &'a str,
+    body: &'a axum::body::Bytes,
+    id: &'a str,
+    deadline: tokio::time::Instant,
+    may_fall_back: bool,
+}
+
+/// The answer for a request no local node answered: a cloud provider's, Corral's own version,
+/// a provider's `/api/show`, or the local failure.
+async fn otherwise(
+    shared: &Arc<Shared>,
+    config: &Config,
+    cat: Option<&crate::config::CategoryConfig>,
+    model: Option<&str>,
+    f: Failed<'_>,
+    (local, attempts): (BrokerError, u32),
+    trace: &mut Option<Trace>,
+) -> Result<Response, (BrokerError, u32)> {
+    let path = f.path;
+    Ok(match (cat, model) {
+        // A load or unload generates nothing: never a (billed) cloud call.
+        (Some(cat), Some(model)) if f.may_fall_back && crate::cloud::is_trigger(&local) => {
+            let req = crate::cloud::Request {
+                path,
+                body: f.body,
+                model,
+                category: cat,
+                request_id: f.id,
+                deadline: f.deadline,
+            };
+            fall_back(shared, config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
+        }
+        // Any node's version will do, and with none Corral's own is the answer.
+        _ if path == "/api/version" => return Ok(own_version()),
+        (Some(cat), Some(model)) if path == "/api/show" && crate::cloud::is_trigger(&local) => {
+            let Some((provider, answer)) = crate::cloud::show(config, cat, model, &local) else {
+                return Err((local, attempts));
+            };
+            let mut r = axum::Json(answer).into_response();
+            if let Ok(v) = HeaderValue::from_str(&provider) {
+                r.headers_mut().insert("x-corral-fallback", v);
+            }
+            r
+        }
+        (_, _) => return Err((local, attempts)),
+    })
 }
 
 /// What `forward` needs of the request; the headers and body move, nothing is copied.
