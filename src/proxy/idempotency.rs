@@ -345,7 +345,7 @@ pub struct Lead {
 
 impl Lead {
     /// Pump `response` to the followers and into the entry, until it ends, nobody can use it
-    /// any more, or the broker shuts down.
+    /// any more, or the broker shuts down with no client reading it.
     pub async fn run(mut self, response: Response, shutdown: &CancellationToken) {
         let (parts, body) = response.into_parts();
         {
@@ -357,9 +357,12 @@ impl Lead {
         }
         let mut body = body.into_data_stream();
         let ending = loop {
+            // On shutdown an answer drains as any other while a client reads it; with nobody
+            // left it stops at once rather than hold the drain up for a retry that won't come.
+            let alone = lock(&self.entry.state).followers.is_empty();
             let next = tokio::select! {
                 n = body.next() => n,
-                _ = shutdown.cancelled() => break Ending::Abandoned,
+                _ = shutdown.cancelled(), if alone => break Ending::Abandoned,
             };
             match next {
                 None => break self.ending(),
