@@ -292,10 +292,16 @@ impl Sockets {
     ) -> Result<(Vec<SocketAddr>, SocketAddr), StartError> {
         let (proxy_limits, admin_limits) = limits(&shared.config(), self.proxies.len());
         let mut proxy_addrs = Vec::new();
+        // One store for every listener: a retry may come in through another one.
+        let idempotency = Arc::new(proxy::idempotency::Idempotency::default());
         for (listener, lc) in self.proxies {
             let addr = listener.local_addr().map_err(|source| StartError::Bind { addr: lc.addr.clone(), source })?;
             proxy_addrs.push(addr);
-            let app = proxy::router(ProxyState { shared: Arc::clone(shared), listener: Arc::new(lc.clone()) });
+            let app = proxy::router(ProxyState {
+                shared: Arc::clone(shared),
+                listener: Arc::new(lc.clone()),
+                idempotency: Arc::clone(&idempotency),
+            });
             let stop = cancel.clone();
             tracker.spawn(async move {
                 tracing::info!(

@@ -112,6 +112,16 @@ pub enum BrokerError {
     /// A path with a `.`/`..` segment or an encoded separator: it could leave a node's base path.
     #[error("the request path has a \".\" or \"..\" segment or an encoded separator; send the plain path")]
     BadPath,
+    /// The same `Idempotency-Key` (or `X-Request-Id`) as a request that ran in this category's
+    /// window, whose answer is not replayed (`proxy::idempotency`); this one ran nowhere.
+    #[error("a request with this idempotency key already ran as {first} and {outcome}; it is not run twice (use a new key for a new request)")]
+    DuplicateRequest { first: String, outcome: String },
+    /// The same `Idempotency-Key` with another method, path or body.
+    #[error("this Idempotency-Key was already used by request {first} for another request (method, path or body differ); use a new key")]
+    IdempotencyKeyReused { first: String },
+    /// A value over a cap of the category's `limits` with `over_limit = "refuse"`.
+    #[error("{field} {asked} is over category \"{category}\"'s limit of {limit}; ask for at most {limit}")]
+    OverLimit { category: String, field: String, asked: String, limit: String },
 }
 
 impl BrokerError {
@@ -153,6 +163,9 @@ impl BrokerError {
             Self::UnsupportedMediaType { .. } => "unsupported_media_type",
             Self::ModelOpsForbidden { .. } => "model_ops_forbidden",
             Self::BadPath => "bad_path",
+            Self::DuplicateRequest { .. } => "duplicate_request",
+            Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
+            Self::OverLimit { .. } => "over_limit",
         }
     }
 
@@ -166,11 +179,14 @@ impl BrokerError {
             | Self::UnknownNode { .. }
             | Self::BodyRead(_)
             | Self::BadPath
+            | Self::OverLimit { .. }
             | Self::ContextTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::ForbiddenHost { .. } | Self::ForbiddenOrigin { .. } | Self::ModelOpsForbidden { .. } => {
                 StatusCode::FORBIDDEN
             }
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::DuplicateRequest { .. } => StatusCode::CONFLICT,
+            Self::IdempotencyKeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
             Self::QueueFull { .. } | Self::CloudRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -252,6 +268,10 @@ impl BrokerError {
         });
         if let Self::ModelNotFound { did_you_mean, .. } = self {
             body["did_you_mean"] = serde_json::json!(did_you_mean);
+        }
+        if let Self::DuplicateRequest { first, outcome } = self {
+            body["first_request_id"] = serde_json::json!(first);
+            body["first_outcome"] = serde_json::json!(outcome);
         }
         body
     }
@@ -383,6 +403,9 @@ mod tests {
             E::UnsupportedMediaType { .. } => E::UnsupportedMediaType { content_type: "".into() },
             E::ModelOpsForbidden { .. } => E::ModelOpsForbidden { path: "".into() },
             E::BadPath => E::BadPath,
+            E::DuplicateRequest { .. } => E::DuplicateRequest { first: "".into(), outcome: "".into() },
+            E::IdempotencyKeyReused { .. } => E::IdempotencyKeyReused { first: "".into() },
+            E::OverLimit { .. } => E::OverLimit { category: "".into(), field: "".into(), asked: "".into(), limit: "".into() },
         })
     }
 

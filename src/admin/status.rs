@@ -188,7 +188,8 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "X-Corral-Session": "sticky key for the sticky policy (keeps a conversation on the node holding its KV cache)",
             "X-Corral-Queue-Timeout": "milliseconds this request may wait for a free node (default: the category's queue_timeout_ms)",
             "X-Corral-Node": "comma-separated node names for model operations (pull, delete, copy, create)",
-            "X-Request-Id": "echoed and passed to the node; recorded beside Corral's own id (X-Corral-Request-Id), never as it",
+            "X-Request-Id": "echoed and passed to the node; recorded beside Corral's own id (X-Corral-Request-Id), never as it; the same id with the same request joins a running one",
+            "Idempotency-Key": "a duplicate joins the running request or, after it, is replayed or refused with 409 duplicate_request (see each category's idempotency)",
         },
         "response_headers": {
             "X-Request-Id": "the request's id",
@@ -197,11 +198,11 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "X-Corral-Forwarded": "false on rejections that reached no node (safe to retry anywhere)",
             "X-Corral-Context-Warning": "the prompt fills more than 85% of the context",
             "X-Corral-Fallback": "the cloud provider that answered, when the cluster could not",
+            "X-Corral-Idempotent": "attached (joined a running request) or replayed (from memory); X-Corral-First-Request-Id names the first",
+            "X-Corral-Degraded": "the smaller model that answered instead (the category's degrade chain)",
+            "X-Corral-Clamped": "the request limits that lowered what the request asked (num_predict=512, temperature=1)",
         },
-        "categories": config.categories.iter().map(|c| json!({
-            "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
-            "cloud": c.cloud, "providers": c.providers, "redact": c.redact, "models": c.models, "affinity": c.affinity,
-        })).collect::<Vec<_>>(),
+        "categories": config.categories.iter().map(category_help).collect::<Vec<_>>(),
         "cloud_fallback": {
             "when": "no node has the model, every node tried failed before its first byte, or the queue was full or timed out; never after the first byte of a local answer",
             "never": "categories with cloud = \"never\" get 503 cloud_not_allowed (forwarded as the local failure was)",
@@ -230,4 +231,41 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
         "errors": "JSON {error, code, forwarded}; codes in docs/errors.md. Mid-stream failures end the stream with {\"error\", \"code\"}.",
         "nodes": nodes,
     }))
+}
+
+/// One category in `/help`: how it routes, and the rules a client meets (idempotency, limits).
+fn category_help(c: &crate::config::CategoryConfig) -> Value {
+    let l = &c.limits;
+    let over = match l.over_limit {
+        crate::config::OverLimit::Clamp => "clamped to the cap, said in X-Corral-Clamped",
+        crate::config::OverLimit::Refuse => "refused with 400 over_limit; nothing sent",
+    };
+    let m = crate::proxy::idempotency::Limits::DEFAULT;
+    let memory = format!(
+        "answers kept in memory only: {} MiB each, {} MiB in all, {} keys; past a bound an answer can no longer be joined",
+        m.entry_bytes >> 20,
+        m.total_bytes >> 20,
+        m.entries
+    );
+    json!({
+        "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
+        "cloud": c.cloud, "providers": c.providers, "redact": c.redact, "models": c.models, "affinity": c.affinity,
+        "idempotency": {
+            "window_ms": c.idempotency_window_ms,
+            "while_running": if c.idempotency_window_ms > 0 { "a duplicate joins the running request and gets its whole answer" } else { "off: every request runs" },
+            "after_finished": if c.replay_finished { "replayed from memory within the window" } else { "409 duplicate_request naming the first request (Idempotency-Key); X-Request-Id alone runs again" },
+            "memory": memory,
+        },
+        "degrade": {
+            "chain": c.degrade,
+            "order": c.degrade_order,
+            "when": format!("the requested model cannot start within the queue timeout (its nodes busy or down): the next model that starts within {} ms answers, marked X-Corral-Degraded", crate::proxy::degrade::STEP_WAIT.as_millis()),
+        },
+        "limits": {
+            "max_predict": l.max_predict, "default_predict": l.default_predict, "max_num_ctx": l.max_num_ctx,
+            "default_num_ctx": l.default_num_ctx, "max_keep_alive_s": l.max_keep_alive_s, "default_keep_alive_s": l.default_keep_alive_s,
+            "temperature_min": l.temperature_min, "temperature_max": l.temperature_max,
+            "over_limit": over, "zero_means": "no cap / no default",
+        },
+    })
 }

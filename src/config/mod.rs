@@ -23,8 +23,9 @@ mod validate;
 pub use edit::{edit_text, write_into, EditError};
 pub use schema::{
     model_key, normalize_model, AdminConfig, AlertsConfig, BreakerConfig, CategoryConfig, CloudPermission, Config,
-    HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, Policy, ProviderConfig, ProxyConfig, QueueConfig,
-    RetryConfig, StoreConfig, DEFAULT_ADMIN_ADDR, DEFAULT_NODE_URL, DEFAULT_PROXY_ADDR,
+    DegradeOrder, HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, OverLimit, Policy, ProviderConfig,
+    ProxyConfig, QueueConfig, RequestLimits, RetryConfig, StoreConfig, DEFAULT_ADMIN_ADDR, DEFAULT_NODE_URL,
+    DEFAULT_PROXY_ADDR,
 };
 pub use share::{
     export_text, import, plan, redacted_url, secret_names, share_text, Accept, Change, FieldChange, ImportMode, Plan,

@@ -205,6 +205,63 @@ pub enum CloudPermission {
     OnFailure,
 }
 
+/// Where a category's local degrade chain stands beside its cloud fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DegradeOrder {
+    /// A smaller local model first; the cloud only when the chain cannot answer either.
+    #[default]
+    BeforeCloud,
+    /// The cloud first; the chain only when no provider answered.
+    AfterCloud,
+}
+
+/// What the broker does with a request over one of its category's `limits`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum OverLimit {
+    /// Lower it to the cap, and say so in `X-Corral-Clamped`.
+    #[default]
+    Clamp,
+    /// 400 `over_limit`; nothing is sent.
+    Refuse,
+}
+
+/// Per-category caps and defaults the broker applies to a generating request's body
+/// (`proxy::limits`). Every cap is off by default.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestLimits {
+    /// Most tokens an answer may ask for (`options.num_predict`, OpenAI's `max_tokens` /
+    /// `max_completion_tokens`); "no limit" (-1, -2) counts as over it. 0: no cap.
+    pub max_predict: u64,
+    /// Set when the request names no length. 0: none.
+    pub default_predict: u64,
+    /// Largest context a request may ask for (`options.num_ctx`). 0: no cap.
+    pub max_num_ctx: u64,
+    /// Set when the request names no context. 0: none.
+    pub default_num_ctx: u64,
+    /// Longest `keep_alive` (seconds) a request may ask of a node; "forever" (negative) counts
+    /// as over it. 0: no cap.
+    pub max_keep_alive_s: u64,
+    /// Set when the request names no `keep_alive`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_keep_alive_s: Option<u64>,
+    /// Allowed `temperature` range.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature_min: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature_max: Option<f64>,
+    pub over_limit: OverLimit,
+}
+
+impl RequestLimits {
+    /// Whether any cap or default is set (else bodies are never read for it).
+    pub fn is_active(&self) -> bool {
+        *self != Self { over_limit: self.over_limit, ..Self::default() }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CategoryConfig {
@@ -237,6 +294,19 @@ pub struct CategoryConfig {
     /// (what the client already has is sent as the assistant's partial message) and reaches
     /// the client as one answer.
     pub continue_on_cut: bool,
+    /// How long a request's `Idempotency-Key` (or `X-Request-Id`) is remembered after it
+    /// finished; a duplicate that comes while it runs joins it. 0: off (no deduplication).
+    pub idempotency_window_ms: u64,
+    /// Within the window, answer a duplicate of a finished request from memory (never disk)
+    /// instead of 409 `duplicate_request`.
+    pub replay_finished: bool,
+    /// Caps and defaults for what a generating request may ask (`[categories.limits]`).
+    pub limits: RequestLimits,
+    /// Smaller local models, in order, served instead when the requested one cannot start
+    /// within the queue timeout (its nodes all busy or down); the answer says
+    /// `X-Corral-Degraded: <model>`.
+    pub degrade: Vec<String>,
+    pub degrade_order: DegradeOrder,
 }
 
 impl Default for CategoryConfig {
@@ -256,6 +326,11 @@ impl Default for CategoryConfig {
             first_token_timeout_ms: 0,
             stream_idle_timeout_ms: 30_000,
             continue_on_cut: false,
+            idempotency_window_ms: 600_000,
+            replay_finished: false,
+            limits: RequestLimits::default(),
+            degrade: Vec::new(),
+            degrade_order: DegradeOrder::BeforeCloud,
         }
     }
 }
@@ -510,6 +585,10 @@ impl CategoryConfig {
     }
     pub fn stream_idle_timeout(&self) -> Duration {
         Duration::from_millis(self.stream_idle_timeout_ms)
+    }
+    /// How long a finished request's name is remembered; `None`: deduplication is off.
+    pub fn idempotency_window(&self) -> Option<Duration> {
+        (self.idempotency_window_ms > 0).then(|| Duration::from_millis(self.idempotency_window_ms))
     }
     /// The first-token deadline, when the category sets one.
     pub fn first_token_timeout(&self) -> Option<Duration> {

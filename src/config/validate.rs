@@ -255,6 +255,7 @@ fn categories(c: &Config, out: &mut Found) {
                 "must be 0 (off) or at least 100 (milliseconds)",
             );
         }
+        idempotency(i, cat, out);
         for (j, p) in cat.providers.iter().enumerate() {
             if !c.providers.iter().any(|q| &q.name == p) {
                 push(out, format!("categories[{i}].providers[{j}]"), format!("no provider named \"{p}\""));
@@ -267,10 +268,62 @@ fn categories(c: &Config, out: &mut Found) {
                 "cloud = \"on-failure\" needs at least one provider to fall back to",
             );
         }
+        for (j, m) in cat.degrade.iter().enumerate() {
+            let path = format!("categories[{i}].degrade[{j}]");
+            if m.trim().is_empty() || m.len() > 256 || m.chars().any(char::is_control) {
+                push(out, path, "must be a model name (1 to 256 characters, no control characters)");
+            } else if cat.degrade[..j].iter().any(|d| super::model_key(d) == super::model_key(m)) {
+                push(out, path, format!("\"{m}\" is already earlier in the chain"));
+            }
+        }
         for (j, m) in cat.models.iter().enumerate() {
             if m.is_empty() {
                 push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
             }
+        }
+    }
+}
+
+/// Longest `idempotency_window_ms`: a day; names are held in memory only.
+const MAX_IDEMPOTENCY_WINDOW_MS: u64 = 86_400_000;
+
+fn idempotency(i: usize, cat: &super::schema::CategoryConfig, out: &mut Found) {
+    if cat.idempotency_window_ms > MAX_IDEMPOTENCY_WINDOW_MS {
+        push(
+            out,
+            format!("categories[{i}].idempotency_window_ms"),
+            format!("must be at most {MAX_IDEMPOTENCY_WINDOW_MS} (a day, in milliseconds); 0 turns deduplication off"),
+        );
+    }
+    request_limits(i, &cat.limits, out);
+    if cat.replay_finished && cat.idempotency_window_ms == 0 {
+        push(
+            out,
+            format!("categories[{i}].replay_finished"),
+            "needs idempotency_window_ms > 0: with deduplication off there is nothing to replay",
+        );
+    }
+}
+
+fn request_limits(i: usize, l: &super::schema::RequestLimits, out: &mut Found) {
+    let path = |field: &str| format!("categories[{i}].limits.{field}");
+    for (default, max, d, m) in [
+        (l.default_predict, l.max_predict, "default_predict", "max_predict"),
+        (l.default_num_ctx, l.max_num_ctx, "default_num_ctx", "max_num_ctx"),
+        (l.default_keep_alive_s.unwrap_or(0), l.max_keep_alive_s, "default_keep_alive_s", "max_keep_alive_s"),
+    ] {
+        if max > 0 && default > max {
+            push(out, path(d), format!("{default} is over {m} ({max}): a default must be within its cap"));
+        }
+    }
+    for (t, f) in [(l.temperature_min, "temperature_min"), (l.temperature_max, "temperature_max")] {
+        if t.is_some_and(|t| !t.is_finite() || t < 0.0) {
+            push(out, path(f), "must be a number of 0 or more");
+        }
+    }
+    if let (Some(lo), Some(hi)) = (l.temperature_min, l.temperature_max) {
+        if lo > hi {
+            push(out, path("temperature_min"), format!("{lo} is above temperature_max ({hi}): the range is empty"));
         }
     }
 }
@@ -556,6 +609,30 @@ mod tests {
         let ok = "[[nodes]]\nname = \"a\"\nurl = \"https://gpu.example:443\"\n\n[[providers]]\nname = \"local-vllm\"\nbase_url = \"http://10.0.0.9:8000/v1\"\n";
         let c = Config::parse(ok).unwrap_or_else(|e| panic!("https nodes and key-less providers are fine: {e}"));
         assert_eq!(c.providers[0].first_byte_timeout_ms, 60_000);
+    }
+
+    #[test]
+    fn idempotency_and_request_limits_are_checked() {
+        let text = "[[categories]]\nname = \"default\"\nidempotency_window_ms = 0\nreplay_finished = true\n\n[categories.limits]\nmax_predict = 100\ndefault_predict = 200\ntemperature_min = 1.5\ntemperature_max = 0.5\nover_limit = \"refuse\"\n\n[[categories]]\nname = \"long\"\nidempotency_window_ms = 999999999\ndegrade = [\"qwen2.5:3b\", \"\", \"qwen2.5:3b\"]\n";
+        let err = Config::parse(text).expect_err("broken settings");
+        let found: Vec<(&str, &str)> = err.problems.iter().map(|p| (p.path.as_str(), p.message.as_str())).collect();
+        for (path, says) in [
+            ("categories[0].replay_finished", "needs idempotency_window_ms > 0"),
+            ("categories[0].limits.default_predict", "over max_predict"),
+            ("categories[0].limits.temperature_min", "range is empty"),
+            ("categories[1].idempotency_window_ms", "at most 86400000"),
+            ("categories[1].degrade[1]", "must be a model name"),
+            ("categories[1].degrade[2]", "already earlier in the chain"),
+        ] {
+            assert!(
+                found.iter().any(|(p, m)| *p == path && m.contains(says)),
+                "{path}: {says:?} missing from {found:?}"
+            );
+        }
+        let ok =
+            "[[categories]]\nname = \"default\"\n\n[categories.limits]\nmax_predict = 512\nover_limit = \"clamp\"\n";
+        let c = Config::parse(ok).unwrap_or_else(|e| panic!("a cap alone is fine: {e}"));
+        assert_eq!((c.categories[0].limits.max_predict, c.categories[0].idempotency_window_ms), (512, 600_000));
     }
 
     #[test]

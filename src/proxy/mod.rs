@@ -14,8 +14,11 @@
 
 pub mod browser;
 mod context;
+pub mod degrade;
 mod fanout;
 mod forward;
+pub mod idempotency;
+pub mod limits;
 mod peek;
 mod relay;
 mod resume;
@@ -41,7 +44,14 @@ pub use peek::{Named, Peek};
 pub struct ProxyState {
     pub shared: Arc<Shared>,
     pub listener: Arc<ListenerConfig>,
+    /// Names of recent requests and their answers, shared by every listener.
+    pub idempotency: Arc<idempotency::Idempotency>,
 }
+
+/// The client key a request authenticated with (its name), kept in the request's extensions
+/// for scoping what requests may share.
+#[derive(Debug, Clone)]
+struct ClientName(Option<String>);
 
 pub fn router(state: ProxyState) -> axum::Router {
     let cors = axum::middleware::from_fn_with_state(Arc::clone(&state.listener), browser::cors);
@@ -206,6 +216,7 @@ async fn handle(State(state): State<ProxyState>, mut req: Request) -> Response {
     let (mut response, attempts) = match authenticate(&state, req.headers_mut()) {
         Ok(client) => {
             tracing::debug!(request_id = %id, client = client.as_deref().unwrap_or(""), "admitted");
+            req.extensions_mut().insert(ClientName(client));
             traced(&state, req, &id, client_id.clone()).await
         }
         // Counted always; recorded only at a bounded rate, so unauthenticated traffic cannot
@@ -246,21 +257,28 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let mut trace = (path != "/").then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
-        Err((e, attempts)) => {
-            let e = explained(&state.shared, trace.as_ref().map(|t| t.row.category.as_str()), e);
-            if let Some(mut t) = trace.take() {
-                t.row.attempts = i64::from(attempts);
-                t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
-            }
-            (e.into_response(), Some(attempts))
-        }
+        Err((e, attempts)) => (failed(&state.shared, &mut trace, e, attempts), Some(attempts)),
     };
-    // Answers that did not go through a relay (merged, fanned out, the node's own 404) end here.
+    settle(&mut trace, &response);
+    (response, attempts)
+}
+
+/// The response for a request that failed with `e` after `attempts`, its record finished.
+fn failed(shared: &Shared, trace: &mut Option<Trace>, e: BrokerError, attempts: u32) -> Response {
+    let e = explained(shared, trace.as_ref().map(|t| t.row.category.as_str()), e);
+    if let Some(mut t) = trace.take() {
+        t.row.attempts = i64::from(attempts);
+        t.finish(status_for(e.status().as_u16()), Some(e.status().as_u16()), Some(e.code()));
+    }
+    e.into_response()
+}
+
+/// Answers that did not go through a relay (merged, fanned out, the node's own 404) end here.
+fn settle(trace: &mut Option<Trace>, response: &Response) {
     if let Some(t) = trace.take() {
         let status = response.status().as_u16();
         t.finish(status_for(status), Some(status), None);
     }
-    (response, attempts)
 }
 
 /// A `model_not_found` from below, completed with what the cluster knows: the closest names
@@ -290,7 +308,6 @@ async fn serve(
     let config = shared.config();
     let (parts, body) = req.into_parts();
     let endpoint = gate(state, &parts).map_err(|e| (e, 0))?;
-    let path = parts.uri.path().to_string();
     if !shared.accepting() && endpoint != Endpoint::Root {
         return Err((BrokerError::Paused, 0));
     }
@@ -301,7 +318,120 @@ async fn serve(
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes, config.proxy.body_read_timeout())
         .await
         .map_err(|e| (e, 0))?;
-    let asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
+    let mut asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
+    let body = limited(&config, &mut asked, parts.uri.path(), body).map_err(|e| (e, 0))?;
+    let claim = match idempotency_ask(state, &config, &parts, &asked, &body, trace) {
+        Some(ask) => state.idempotency.claim(ask, tokio::time::Instant::now()),
+        None => idempotency::Claim::Untracked,
+    };
+    match claim {
+        idempotency::Claim::Untracked => execute(state, endpoint, parts, body, asked, id, trace).await,
+        idempotency::Claim::Follow(f) => f.response().await.map_err(|e| (e, 0)),
+        idempotency::Claim::Replay(r) => Ok(r),
+        idempotency::Claim::Refused(e) => Err((e, 0)),
+        idempotency::Claim::Lead(lead, f) => {
+            // On its own task: the first client leaving does not cancel what a retry may join.
+            let (state, id, mut trace) = (state.clone(), id.to_string(), trace.take());
+            state.shared.tasks.clone().spawn(async move {
+                let response = match execute(&state, endpoint, parts, body, asked, &id, &mut trace).await {
+                    Ok(r) => r,
+                    Err((e, attempts)) => {
+                        let mut r = failed(&state.shared, &mut trace, e, attempts);
+                        if attempts > 0 {
+                            r.headers_mut().insert("x-corral-attempts", HeaderValue::from(attempts));
+                        }
+                        r
+                    }
+                };
+                settle(&mut trace, &response);
+                lead.run(response, &state.shared.shutdown).await;
+            });
+            f.response().await.map_err(|e| (e, 0))
+        }
+    }
+}
+
+/// The body with the category's request limits applied (`limits`); what was clamped goes in
+/// `asked.clamped`, for `X-Corral-Clamped`.
+fn limited(
+    config: &Config,
+    asked: &mut Asked,
+    path: &str,
+    body: axum::body::Bytes,
+) -> Result<axum::body::Bytes, BrokerError> {
+    let Some(cat) = config.category(&asked.category) else { return Ok(body) };
+    match limits::apply(&cat.limits, &cat.name, path, &body)? {
+        Some(applied) => {
+            asked.clamped = (!applied.clamped.is_empty()).then(|| applied.clamped.join(", "));
+            Ok(applied.body)
+        }
+        None => Ok(body),
+    }
+}
+
+/// Idempotent endpoints: a second run would compute the same thing again.
+fn deduplicated(path: &str) -> bool {
+    matches!(
+        path,
+        "/api/chat"
+            | "/api/generate"
+            | "/api/embed"
+            | "/api/embeddings"
+            | "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/messages"
+    )
+}
+
+/// The name a request is deduplicated under, when it carries one and its category keeps
+/// names (`proxy::idempotency`).
+fn idempotency_ask(
+    state: &ProxyState,
+    config: &Config,
+    parts: &http::request::Parts,
+    asked: &Asked,
+    body: &[u8],
+    trace: &Option<Trace>,
+) -> Option<idempotency::Ask> {
+    let path = parts.uri.path();
+    let cat = config.category(&asked.category)?;
+    let window = cat.idempotency_window().filter(|_| parts.method == Method::POST && deduplicated(path))?;
+    let explicit = parts
+        .headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 256 && v.bytes().all(|b| b.is_ascii_graphic()));
+    let key = match explicit {
+        Some(k) => idempotency::Key::Explicit(k.to_string()),
+        None => idempotency::Key::RequestId(client_request_id(&parts.headers)?),
+    };
+    let client = parts.extensions.get::<ClientName>().and_then(|c| c.0.clone()).unwrap_or_default();
+    let path_and_query = parts.uri.path_and_query().map_or(path, |p| p.as_str());
+    Some(idempotency::Ask {
+        scope: format!("{}/{client}", origin_name(state)),
+        key,
+        fingerprint: idempotency::fingerprint(&parts.method, path_and_query, body),
+        id: trace.as_ref().map(|t| t.row.id.clone())?,
+        window,
+        replay: cat.replay_finished,
+    })
+}
+
+/// Serve a request that was read and classified: answered here, fanned out, or forwarded.
+async fn execute(
+    state: &ProxyState,
+    endpoint: Endpoint,
+    parts: http::request::Parts,
+    body: axum::body::Bytes,
+    asked: Asked,
+    id: &str,
+    trace: &mut Option<Trace>,
+) -> Result<Response, (BrokerError, u32)> {
+    let shared = &state.shared;
+    let config = shared.config();
+    let path = parts.uri.path().to_string();
     if let Some(answer) = answered_without_forwarding(shared, endpoint, &parts, &asked, &body, trace).await {
         return answer.map_err(|e| (e, 0));
     }
@@ -316,42 +446,83 @@ async fn serve(
     let fallback_body = body.clone();
     let may_fall_back = lifecycle.is_none() && crate::cloud::can_fall_back(&path);
     let out = outbound(state, parts, body, id, &asked, cat, may_fall_back);
+    // Kept for the degrade chain, only where there is one (a load is not degraded).
+    let spare = cat.filter(|c| !c.degrade.is_empty() && lifecycle.is_none()).map(|_| out.clone());
     // The fallback may wait for a rate-limited provider only within the request's queue timeout.
     let deadline = tokio::time::Instant::now() + asked.queue_timeout;
     let mut response = match forward::forward(shared, out, trace).await {
         Ok(r) => r,
-        Err((local, attempts)) => match (cat, asked.model.as_deref()) {
-            // A load or unload generates nothing: never a (billed) cloud call.
-            (Some(cat), Some(model)) if may_fall_back && crate::cloud::is_trigger(&local) => {
-                let req = crate::cloud::Request {
-                    path: &path,
-                    body: &fallback_body,
-                    model,
-                    category: cat,
-                    request_id: id,
-                    deadline,
-                };
-                fall_back(shared, &config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
-            }
-            // Any node's version will do, and with none Corral's own is the answer.
-            _ if path == "/api/version" => return Ok(own_version()),
-            (Some(cat), Some(model)) if path == "/api/show" && crate::cloud::is_trigger(&local) => {
-                let Some((provider, answer)) = crate::cloud::show(&config, cat, model, &local) else {
-                    return Err((local, attempts));
-                };
-                let mut r = axum::Json(answer).into_response();
-                if let Ok(v) = HeaderValue::from_str(&provider) {
-                    r.headers_mut().insert("x-corral-fallback", v);
-                }
+        Err((local, attempts)) => {
+            let spare = spare.filter(|_| degrade::is_trigger(&local));
+            let first = cat.is_some_and(|c| c.degrade_order == crate::config::DegradeOrder::BeforeCloud);
+            if let Some(r) = degrade::serve(shared, spare.as_ref().filter(|_| first), trace).await {
                 r
+            } else {
+                let failed = Failed { path: &path, body: &fallback_body, id, deadline, may_fall_back };
+                match otherwise(shared, &config, cat, asked.model.as_deref(), failed, (local, attempts), trace).await {
+                    Ok(r) => r,
+                    Err(e) => degrade::serve(shared, spare.as_ref().filter(|_| !first), trace).await.ok_or(e)?,
+                }
             }
-            (_, _) => return Err((local, attempts)),
-        },
+        }
     };
     if let Some(w) = asked.context_warning.and_then(|w| HeaderValue::from_str(&w).ok()) {
         response.headers_mut().insert("x-corral-context-warning", w);
     }
+    if let Some(c) = asked.clamped.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        response.headers_mut().insert("x-corral-clamped", c);
+    }
     Ok(response)
+}
+
+/// What a request that no local node answered still carries, for the cloud fallback.
+struct Failed<'a> {
+    path: &'a str,
+    body: &'a axum::body::Bytes,
+    id: &'a str,
+    deadline: tokio::time::Instant,
+    may_fall_back: bool,
+}
+
+/// The answer for a request no local node answered: a cloud provider's, Corral's own version,
+/// a provider's `/api/show`, or the local failure.
+async fn otherwise(
+    shared: &Arc<Shared>,
+    config: &Config,
+    cat: Option<&crate::config::CategoryConfig>,
+    model: Option<&str>,
+    f: Failed<'_>,
+    (local, attempts): (BrokerError, u32),
+    trace: &mut Option<Trace>,
+) -> Result<Response, (BrokerError, u32)> {
+    let path = f.path;
+    Ok(match (cat, model) {
+        // A load or unload generates nothing: never a (billed) cloud call.
+        (Some(cat), Some(model)) if f.may_fall_back && crate::cloud::is_trigger(&local) => {
+            let req = crate::cloud::Request {
+                path,
+                body: f.body,
+                model,
+                category: cat,
+                request_id: f.id,
+                deadline: f.deadline,
+            };
+            fall_back(shared, config, req, local, attempts, trace).await.map_err(|e| (e, attempts))?
+        }
+        // Any node's version will do, and with none Corral's own is the answer.
+        _ if path == "/api/version" => return Ok(own_version()),
+        (Some(cat), Some(model)) if path == "/api/show" && crate::cloud::is_trigger(&local) => {
+            let Some((provider, answer)) = crate::cloud::show(config, cat, model, &local) else {
+                return Err((local, attempts));
+            };
+            let mut r = axum::Json(answer).into_response();
+            if let Ok(v) = HeaderValue::from_str(&provider) {
+                r.headers_mut().insert("x-corral-fallback", v);
+            }
+            r
+        }
+        (_, _) => return Err((local, attempts)),
+    })
 }
 
 /// What `forward` needs of the request; the headers and body move, nothing is copied.
@@ -474,6 +645,8 @@ struct Asked {
     textless: bool,
     /// The body's own `stream`, when it says.
     stream: Option<bool>,
+    /// What the category's limits lowered ("num_predict=512"), for `X-Corral-Clamped`.
+    clamped: Option<String>,
 }
 
 impl Asked {
@@ -515,7 +688,7 @@ impl Asked {
             _ => None,
         };
         let textless = parsed.as_ref().is_some_and(|p| p.chat_text == 0 && p.generate_text == 0);
-        Ok(Self { model, category, queue_timeout, context_warning, textless, stream })
+        Ok(Self { model, category, queue_timeout, context_warning, textless, stream, clamped: None })
     }
 }
 
