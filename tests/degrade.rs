@@ -125,3 +125,55 @@ async fn the_chain_comes_before_or_after_the_cloud_as_the_category_says() {
         assert_eq!(c.sims[1].inference_count(), usize::from(degraded), "{order:?}");
     }
 }
+
+#[tokio::test]
+async fn past_the_chain_a_static_answer_is_well_formed_and_marked() {
+    let c = cluster(1)
+        .models(0, &["llama3.2:latest"])
+        .config(|cfg| {
+            cfg.nodes[0].max_concurrency = 1;
+            cfg.categories[0].static_answer = Some("The cluster is busy; try again in a minute.".into());
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    c.sims[0].update_faults(|f| f.token_delay_ms = Some(80));
+    let a = c.post("/api/chat", chat("llama3.2", long_seed(20), true)).await;
+    let mut a_stream = a.bytes_stream();
+    let _ = a_stream.next().await.expect("A streams");
+    for stream in [false, true] {
+        let b = c
+            .client
+            .post(c.url("/api/chat"))
+            .header("x-corral-queue-timeout", "200")
+            .json(&chat("llama3.2", 1, stream))
+            .send()
+            .await
+            .expect("B answers");
+        assert_eq!(b.status(), 200, "the static text, not a 503");
+        assert_eq!(b.headers()["x-corral-degraded"], "static");
+        let text = b.text().await.expect("body");
+        let last: Value = serde_json::from_str(text.lines().last().unwrap_or_default()).expect("an Ollama line");
+        assert_eq!((last["done"].as_bool(), last["done_reason"].as_str()), (Some(true), Some("degraded")), "{text}");
+        let content: String = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["message"]["content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(content, "The cluster is busy; try again in a minute.");
+    }
+    // OpenAI-compatible clients get their own shape.
+    let v1 = c
+        .client
+        .post(c.url("/v1/chat/completions"))
+        .header("x-corral-queue-timeout", "200")
+        .json(&json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("answers");
+    assert_eq!(v1.headers()["x-corral-degraded"], "static");
+    let v: Value = v1.json().await.expect("json");
+    assert_eq!(v["choices"][0]["message"]["content"], "The cluster is busy; try again in a minute.");
+    assert_eq!(c.sims[0].inference_count(), 1, "only A reached the node");
+    drop(a_stream);
+}

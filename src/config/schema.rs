@@ -307,6 +307,11 @@ pub struct CategoryConfig {
     /// `X-Corral-Degraded: <model>`.
     pub degrade: Vec<String>,
     pub degrade_order: DegradeOrder,
+    /// The last resort after the chain (and the cloud, where allowed): a well-formed answer
+    /// with this text, `done_reason: "degraded"` and `X-Corral-Degraded: static`, so a client
+    /// that cannot wait gets a polite sentence instead of an error. TOML key `static`.
+    #[serde(rename = "static", skip_serializing_if = "Option::is_none")]
+    pub static_answer: Option<String>,
 }
 
 impl Default for CategoryConfig {
@@ -331,6 +336,7 @@ impl Default for CategoryConfig {
             limits: RequestLimits::default(),
             degrade: Vec::new(),
             degrade_order: DegradeOrder::BeforeCloud,
+            static_answer: None,
         }
     }
 }

@@ -276,6 +276,11 @@ fn categories(c: &Config, out: &mut Found) {
                 push(out, path, format!("\"{m}\" is already earlier in the chain"));
             }
         }
+        if let Some(text) = &cat.static_answer {
+            if text.trim().is_empty() || text.len() > 4096 {
+                push(out, format!("categories[{i}].static"), "must be a sentence of 1 to 4096 bytes");
+            }
+        }
         for (j, m) in cat.models.iter().enumerate() {
             if m.is_empty() {
                 push(out, format!("categories[{i}].models[{j}]"), "an empty pattern matches nothing");
@@ -572,6 +577,21 @@ pub(super) fn line_of(text: &str, offset: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_static_answer_must_say_something_short() {
+        for (text, ok) in
+            [("\"busy, try later\"", true), ("\"  \"", false), (&format!("\"{}\"", "x".repeat(5000)), false)]
+        {
+            let cfg = format!("[[categories]]\nname = \"default\"\nstatic = {text}\n");
+            let got = Config::parse(&cfg);
+            assert_eq!(got.is_ok(), ok, "{cfg:.60}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.problems.iter().any(|p| p.path == "categories[0].static"), "{e}");
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

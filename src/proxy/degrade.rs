@@ -65,6 +65,111 @@ pub(crate) async fn serve(shared: &Arc<Shared>, out: Option<&Outbound>, trace: &
     None
 }
 
+/// The category's `static` answer, when it has one and `out` is a generating endpoint that has
+/// a shape for it: Ollama's `/api/chat` and `/api/generate` (`done_reason: "degraded"`), the
+/// OpenAI-compatible `/v1/chat/completions` (`finish_reason: "stop"`: SDKs know no other
+/// value), streamed when the request streams. Marked `X-Corral-Degraded: static`.
+pub(crate) fn static_answer(
+    shared: &Arc<Shared>,
+    out: Option<&Outbound>,
+    trace: &mut Option<Trace>,
+) -> Option<Response> {
+    let out = out?;
+    let config = shared.config();
+    let text = config.category(&out.category)?.static_answer.clone()?;
+    let path = out.path_and_query.split('?').next().unwrap_or_default();
+    let model = out.model.clone().unwrap_or_default();
+    let (content_type, body) = match path {
+        "/api/chat" | "/api/generate" => {
+            ("application/x-ndjson", ollama_static(path, &model, &text, out.stream != Some(false)))
+        }
+        "/v1/chat/completions" if out.stream == Some(true) => {
+            ("text/event-stream", openai_static_stream(&model, &text))
+        }
+        "/v1/chat/completions" => ("application/json", openai_static(&model, &text)),
+        _ => return None,
+    };
+    if let Some(t) = trace.as_mut() {
+        t.row.answered_model = Some("static".into());
+    }
+    tracing::info!(request_id = %out.request_id, category = %out.category, "answered with the category's static text");
+    let mut r = Response::new(axum::body::Body::from(body));
+    let headers = r.headers_mut();
+    headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert("x-corral-degraded", HeaderValue::from_static("static"));
+    Some(r)
+}
+
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+}
+
+/// Ollama's shape: a content line then the final one when streamed, one object when not.
+fn ollama_static(path: &str, model: &str, text: &str, stream: bool) -> Vec<u8> {
+    let chat = path == "/api/chat";
+    let piece = |content: &str| {
+        if chat {
+            serde_json::json!({"model": model, "created_at": now_rfc3339(), "message": {"role": "assistant", "content": content}})
+        } else {
+            serde_json::json!({"model": model, "created_at": now_rfc3339(), "response": content})
+        }
+    };
+    let end = |mut v: serde_json::Value| {
+        v["done"] = true.into();
+        v["done_reason"] = "degraded".into();
+        for k in [
+            "total_duration",
+            "load_duration",
+            "prompt_eval_count",
+            "prompt_eval_duration",
+            "eval_count",
+            "eval_duration",
+        ] {
+            v[k] = 0.into();
+        }
+        v
+    };
+    let mut lines = Vec::new();
+    if stream {
+        let mut first = piece(text);
+        first["done"] = false.into();
+        lines.push(first);
+        lines.push(end(piece("")));
+    } else {
+        lines.push(end(piece(text)));
+    }
+    lines.iter().map(|l| format!("{l}\n")).collect::<String>().into_bytes()
+}
+
+fn openai_static(model: &str, text: &str) -> Vec<u8> {
+    let created = time::OffsetDateTime::now_utc().unix_timestamp();
+    let v = serde_json::json!({
+        "id": format!("chatcmpl-corral-static-{created}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+    });
+    format!("{v}\n").into_bytes()
+}
+
+fn openai_static_stream(model: &str, text: &str) -> Vec<u8> {
+    let created = time::OffsetDateTime::now_utc().unix_timestamp();
+    let chunk = |delta: serde_json::Value, finish: serde_json::Value| {
+        serde_json::json!({
+            "id": format!("chatcmpl-corral-static-{created}"),
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+    };
+    let first = chunk(serde_json::json!({"role": "assistant", "content": text}), serde_json::Value::Null);
+    let last = chunk(serde_json::json!({}), "stop".into());
+    format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n").into_bytes()
+}
+
 /// The body with its top-level `model` set to `model`.
 fn with_model(body: &[u8], model: &str) -> Option<axum::body::Bytes> {
     let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
@@ -75,6 +180,28 @@ fn with_model(body: &[u8], model: &str) -> Option<axum::body::Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_answers_are_well_formed_in_each_shape() {
+        let lines: Vec<serde_json::Value> = String::from_utf8(ollama_static("/api/chat", "m", "busy, try later", true))
+            .expect("utf8")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json line"))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            (lines[0]["message"]["content"].as_str(), lines[0]["done"].as_bool()),
+            (Some("busy, try later"), Some(false))
+        );
+        assert_eq!((lines[1]["done"].as_bool(), lines[1]["done_reason"].as_str()), (Some(true), Some("degraded")));
+        let one: serde_json::Value =
+            serde_json::from_slice(&ollama_static("/api/generate", "m", "busy", false)).expect("json");
+        assert_eq!((one["response"].as_str(), one["done_reason"].as_str()), (Some("busy"), Some("degraded")));
+        let v1: serde_json::Value = serde_json::from_slice(&openai_static("m", "busy")).expect("json");
+        assert_eq!(v1["choices"][0]["message"]["content"], "busy");
+        let sse = String::from_utf8(openai_static_stream("m", "busy")).expect("utf8");
+        assert!(sse.ends_with("data: [DONE]\n\n") && sse.matches("data: {").count() == 2, "{sse}");
+    }
 
     #[test]
     fn only_the_model_changes() {

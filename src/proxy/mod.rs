@@ -447,7 +447,9 @@ async fn execute(
     let may_fall_back = lifecycle.is_none() && crate::cloud::can_fall_back(&path);
     let out = outbound(state, parts, body, id, &asked, cat, may_fall_back);
     // Kept for the degrade chain, only where there is one (a load is not degraded).
-    let spare = cat.filter(|c| !c.degrade.is_empty() && lifecycle.is_none()).map(|_| out.clone());
+    let spare = cat
+        .filter(|c| (!c.degrade.is_empty() || c.static_answer.is_some()) && lifecycle.is_none())
+        .map(|_| out.clone());
     // The fallback may wait for a rate-limited provider only within the request's queue timeout.
     let deadline = tokio::time::Instant::now() + asked.queue_timeout;
     let mut response = match forward::forward(shared, out, trace).await {
@@ -461,7 +463,10 @@ async fn execute(
                 let failed = Failed { path: &path, body: &fallback_body, id, deadline, may_fall_back };
                 match otherwise(shared, &config, cat, asked.model.as_deref(), failed, (local, attempts), trace).await {
                     Ok(r) => r,
-                    Err(e) => degrade::serve(shared, spare.as_ref().filter(|_| !first), trace).await.ok_or(e)?,
+                    Err(e) => match degrade::serve(shared, spare.as_ref().filter(|_| !first), trace).await {
+                        Some(r) => r,
+                        None => degrade::static_answer(shared, spare.as_ref(), trace).ok_or(e)?,
+                    },
                 }
             }
         }
