@@ -248,6 +248,24 @@ pub fn deliver(n: &Notice) -> Result<(), NoticeError> {
     note.show().map(|_| ()).map_err(|e| NoticeError::Server(e.to_string()))
 }
 
+/// The next event of the bus for a notifier; `None` once `cancel` fires or the bus closes. A
+/// notifier that fell behind skips what it missed (logged) rather than stopping.
+pub async fn next_event(events: &mut broadcast::Receiver<Event>, cancel: &CancellationToken) -> Option<Event> {
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return None,
+            e = events.recv() => e,
+        };
+        match event {
+            Ok(e) => return Some(e),
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                tracing::warn!(missed = n, "notifications fell behind the event bus");
+            }
+            Err(broadcast::error::RecvError::Closed) => return None,
+        }
+    }
+}
+
 /// Turn the bus into desktop notifications until `cancel`. `muted` is read per event, so a
 /// setting can switch them off at runtime.
 pub async fn run(
@@ -256,19 +274,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut alerts = Alerts::new();
-    loop {
-        let event = tokio::select! {
-            _ = cancel.cancelled() => return,
-            e = events.recv() => e,
-        };
-        let event = match event {
-            Ok(e) => e,
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "notifications fell behind the event bus");
-                continue;
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
+    while let Some(event) = next_event(&mut events, &cancel).await {
         alerts.set_muted(muted.load(std::sync::atomic::Ordering::Relaxed));
         for notice in alerts.on_event(&event, Instant::now()) {
             tracing::info!(summary = %notice.summary, "desktop notification");

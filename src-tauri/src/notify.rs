@@ -72,19 +72,7 @@ pub async fn run(
     let actions = tokio::task::spawn_blocking(server_has_actions).await.unwrap_or(false);
     tracing::info!(actions, "desktop notifications");
     let mut alerts = Alerts::new();
-    loop {
-        let event = tokio::select! {
-            _ = cancel.cancelled() => return,
-            e = events.recv() => e,
-        };
-        let event = match event {
-            Ok(e) => e,
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "notifications fell behind the event bus");
-                continue;
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
-        };
+    while let Some(event) = corral::alerts::next_event(&mut events, &cancel).await {
         alerts.set_muted(muted.load(Ordering::Relaxed));
         for notice in alerts.on_event(&event, Instant::now()) {
             tracing::info!(summary = %notice.summary, "desktop notification");
