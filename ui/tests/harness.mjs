@@ -11,6 +11,16 @@ export const BIN = process.env.CORRAL_BIN || resolve(here, "../../target/debug/c
 export const TOKEN = "ui-test-token-5be0c3f18a7d2946e1";
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 
+/** Poll `check` every 100 ms until it holds; fail after `ms` naming `what`. Bounded, no sleeps. */
+export async function until(what, check, ms = 10000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    if (await check()) return;
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
 /** A child process whose output is scanned for a line; killed by `stop()`. */
 export function proc(args, env = {}) {
   const child = spawn(BIN, args, { env: { ...process.env, NO_COLOR: "1", CORRAL_LOG: "info", ...env }, stdio: ["ignore", "pipe", "pipe"] });

@@ -5,7 +5,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { cluster, browser, open } from "./harness.mjs";
+import { cluster, browser, open, until } from "./harness.mjs";
 
 const SHOTS = process.env.CORRAL_SCREENSHOTS;
 let c, b;
@@ -14,15 +14,6 @@ async function sim(i, path, body) {
   const r = await fetch(c.urls[i] + path, body === undefined ? {} : { method: "POST", body: JSON.stringify(body) });
   const text = await r.text();
   return text ? JSON.parse(text) : null;
-}
-
-async function until(what, f, ms = 10000) {
-  const end = Date.now() + ms;
-  for (;;) {
-    if (await f()) return;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 before(async () => {

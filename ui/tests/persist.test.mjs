@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { mkdtempSync, readFileSync, writeFileSync, appendFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { proc, browser, open, TOKEN } from "./harness.mjs";
+import { proc, browser, open, until, TOKEN } from "./harness.mjs";
 
 let b, sims, urls, dir, path;
 const running = [];
@@ -18,15 +18,6 @@ async function serve() {
   const admin = await s.url("Admin API on");
   const api = async (p) => (await fetch(admin + p, { headers: { Authorization: `Bearer ${TOKEN}` } })).json();
   return { s, proxy, admin, api };
-}
-
-/** Poll `check` (bounded: 50 x 100 ms) until it holds. */
-async function until(check, what) {
-  for (let i = 0; i < 50; i++) {
-    if (await check()) return;
-    await new Promise((r) => setTimeout(r, 100));
-  }
-  assert.fail(`never: ${what}`);
 }
 
 before(async () => {
@@ -57,7 +48,7 @@ test("a rule, a weight and a provider edited in the UI are in the file, survive 
   const weight = "tr[data-node=gpu0] input[aria-label*=weight]";
   await page.fill(weight, "5");
   await page.press(weight, "Tab");
-  await until(async () => (await first.api("/admin/nodes")).find((n) => n.name === "gpu0")?.weight === 5, "the weight is in force");
+  await until("the weight is in force", async () => (await first.api("/admin/nodes")).find((n) => n.name === "gpu0")?.weight === 5);
   await page.click("[data-screen=providers]");
   await page.fill("input[aria-label='provider name']", "openai");
   await page.fill("input[aria-label='base url']", "https://api.openai.com/v1");
@@ -75,7 +66,7 @@ test("a rule, a weight and a provider edited in the UI are in the file, survive 
 
   // An unrelated hand edit: once it is in force, all three are still there.
   appendFileSync(path, "# touched by hand\n[queue]\nmax_requests = 321\n");
-  await until(async () => (await first.api("/admin/status")).queue?.max_requests === 321, "the hand edit is reloaded");
+  await until("the hand edit is reloaded", async () => (await first.api("/admin/status")).queue?.max_requests === 321);
   const check = async (api) => {
     const cats = await api("/admin/categories");
     const nodes = await api("/admin/nodes");

@@ -8,7 +8,7 @@ import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { cluster, browser, open, TOKEN } from "./harness.mjs";
+import { cluster, browser, open, until, TOKEN } from "./harness.mjs";
 
 const SHOTS = process.env.CORRAL_SCREENSHOTS;
 /** The desktop window's minimum size (src-tauri/src/main.rs `min_inner_size`). */
@@ -100,8 +100,9 @@ test("a weight the broker refuses goes back to the one in force, with a sentence
   assert.equal((await c.adminApi("GET", "/admin/nodes")).find((n) => n.name === "gpu0").weight, 1);
   await page.fill(box, "3");
   await page.press(box, "Tab");
-  await page.waitForFunction(() => !document.querySelector("tr[data-node=gpu0] [data-testid=weight-msg]"), null, { timeout: 5000 });
-  assert.equal((await c.adminApi("GET", "/admin/nodes")).find((n) => n.name === "gpu0").weight, 3);
+  // The message goes as soon as the field is typed in; the PATCH lands a moment later.
+  await until("weight 3 in force", async () => (await c.adminApi("GET", "/admin/nodes")).find((n) => n.name === "gpu0").weight === 3);
+  assert.equal(await page.$("tr[data-node=gpu0] [data-testid=weight-msg]"), null, "no message once accepted");
   await page.close();
 });
 
