@@ -38,6 +38,7 @@ pub const RESTART_KEYS: &[(&str, &str)] = &[
     ("store", "the request store is opened at start"),
     ("proxy.connect_timeout_ms", "the node HTTP client is built at start"),
     ("proxy.header_read_timeout_ms", "the listeners' connection settings are fixed at start"),
+    ("proxy.stream_buffer_total_bytes", "the read-ahead memory bound is set at start"),
 ];
 
 /// The keys of `RESTART_KEYS` whose values differ between `running` and `next`.
@@ -48,6 +49,7 @@ pub fn restart_needed(running: &Config, next: &Config) -> Vec<&'static str> {
         running.store != next.store,
         running.proxy.connect_timeout_ms != next.proxy.connect_timeout_ms,
         running.proxy.header_read_timeout_ms != next.proxy.header_read_timeout_ms,
+        running.proxy.stream_buffer_total_bytes != next.proxy.stream_buffer_total_bytes,
     ];
     RESTART_KEYS.iter().zip(differs).filter(|(_, d)| *d).map(|((k, _), _)| *k).collect()
 }
@@ -84,6 +86,10 @@ pub struct Shared {
     pub model_ops: Arc<ModelOps>,
     /// Merged metadata answers (`/api/tags`, `/api/ps`, `/v1/models`) of the last moment.
     pub recent: Arc<Recent>,
+    /// Bytes of streamed answers held for slow readers, all streams together
+    /// (`proxy.stream_buffer_total_bytes` permits; see `proxy::readahead`).
+    pub read_ahead: Arc<tokio::sync::Semaphore>,
+    read_ahead_total: usize,
     /// Where clients reach the proxy (`http://addr` per listener, as bound) and whether the
     /// nodes are simulated: what the UI tells a person to point clients at.
     front: std::sync::OnceLock<(Vec<String>, bool)>,
@@ -129,7 +135,10 @@ impl Shared {
             None => SmallRng::from_entropy(),
         };
         telemetry.set_alerts(config.alerts.clone());
+        let read_ahead_total = config.proxy.stream_buffer_total_bytes.min(tokio::sync::Semaphore::MAX_PERMITS);
         Self {
+            read_ahead: Arc::new(tokio::sync::Semaphore::new(read_ahead_total)),
+            read_ahead_total,
             routers: ArcSwap::from_pointee(routers_for(&config, seed)),
             admission: Arc::new(Admission::new(Arc::clone(&registry), config.queue.clone())),
             retry_budget: RetryBudget::new(config.retry.budget_ratio, config.retry.budget_min_per_sec),
@@ -152,6 +161,11 @@ impl Shared {
             seed,
             rng: Mutex::new(rng),
         }
+    }
+
+    /// Bytes held for slow readers right now, and the bound.
+    pub fn read_ahead_use(&self) -> (usize, usize) {
+        (self.read_ahead_total.saturating_sub(self.read_ahead.available_permits()), self.read_ahead_total)
     }
 
     /// The config in force (a snapshot: it may be replaced at any time).

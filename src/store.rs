@@ -94,6 +94,11 @@ pub struct RequestRow {
     /// Time the node spent generating the completion tokens, in µs (Ollama's `eval_duration`);
     /// tokens per second is `completion_tokens` / this (`crate::charts::generation`).
     pub generation_us: Option<i64>,
+    /// When the node was done with the request, ms after arrival: before `total_ms` when a slow
+    /// client was still reading the answer from Corral's read-ahead buffer.
+    pub node_done_ms: Option<i64>,
+    /// `fastest-finish`'s estimate of the request's time from arrival to the end (ms), when it chose the node.
+    pub estimate_ms: Option<i64>,
 }
 
 /// One attempt that did not answer: where it went and how it ended.
@@ -447,7 +452,7 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
         let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
              fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us) ",
+             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, node_done_ms, estimate_ms) ",
         );
         q.push_values(chunk, |mut b, row| {
             let failed = (!row.failed_attempts.is_empty())
@@ -476,7 +481,9 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
                 .push_bind(&row.answered_model)
                 .push_bind(failed)
                 .push_bind(&row.continued_by)
-                .push_bind(row.generation_us);
+                .push_bind(row.generation_us)
+                .push_bind(row.node_done_ms)
+                .push_bind(row.estimate_ms);
         });
         q.push(
             " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
@@ -487,7 +494,7 @@ async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<()
              completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
              client_request_id=excluded.client_request_id, answered_model=excluded.answered_model, \
              failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by, \
-             generation_us=excluded.generation_us",
+             generation_us=excluded.generation_us, node_done_ms=excluded.node_done_ms, estimate_ms=excluded.estimate_ms",
         );
         q.build().execute(&mut **tx).await?;
     }

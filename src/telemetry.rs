@@ -511,6 +511,24 @@ impl Trace {
         self.complete(status, http_status, error_code);
     }
 
+    /// The node is done with the request (its slot is free) but the client is still reading
+    /// what Corral buffered for it: keep the verdict and the node's finish time; the record is
+    /// made by `finish_judged` once the client has the last byte (or as `cancelled` if it
+    /// leaves first).
+    pub fn judge(&mut self, status: &str, http_status: Option<u16>, error_code: Option<&str>) {
+        self.row.node_done_ms = Some(self.elapsed_ms());
+        self.row.status = status.to_string();
+        self.row.http_status = http_status.map(i64::from).or(self.row.http_status);
+        self.row.error_code = error_code.map(str::to_string).or(self.row.error_code.take());
+    }
+
+    /// The client has the last byte of an answer judged by `judge`: make the record.
+    pub fn finish_judged(mut self) {
+        let status = std::mem::take(&mut self.row.status);
+        let code = self.row.error_code.take();
+        self.complete(&status, None, code.as_deref());
+    }
+
     fn complete(&mut self, status: &str, http_status: Option<u16>, error_code: Option<&str>) {
         if self.done {
             return;
@@ -521,6 +539,8 @@ impl Trace {
         self.row.error_code = error_code.map(str::to_string).or(self.row.error_code.take());
         self.row.finished_at = Some(now_ms());
         self.row.total_ms = Some(self.elapsed_ms());
+        // Without read-ahead the node and the client finish together.
+        self.row.node_done_ms = self.row.node_done_ms.or(self.row.total_ms);
         self.row.interrupted = status == "interrupted";
         self.row.model = for_record(&self.row.model);
         self.row.category = for_record(&self.row.category);

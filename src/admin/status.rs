@@ -30,6 +30,7 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "nodes": nodes,
         "stats": stats,
         "queue": { "depth": s.shared.admission.depth(), "bytes": s.shared.admission.queued_bytes(), "max_requests": config.queue.max_requests, "max_bytes": config.queue.max_bytes },
+        "read_ahead": { "bytes": s.shared.read_ahead_use().0, "max_bytes": s.shared.read_ahead_use().1, "per_stream_bytes": config.proxy.stream_buffer_bytes },
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
         "accepting": s.shared.accepting(),

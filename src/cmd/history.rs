@@ -132,6 +132,8 @@ const COLUMNS: &[&str] = &[
     "failed_attempts",
     "continued_by",
     "generation_us",
+    "node_done_ms",
+    "estimate_ms",
 ];
 
 /// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). A list

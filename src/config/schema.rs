@@ -426,6 +426,13 @@ pub struct ProxyConfig {
     pub max_connections: usize,
     /// Open connections from one address (IPv6: one /64) on one proxy listener.
     pub max_connections_per_ip: usize,
+    /// Read-ahead per streamed answer: what a client reading slower than the node has not
+    /// taken yet is held here, so the node's slot frees when the node finishes, not when the
+    /// client does. Past it, backpressure reaches the node as without it. 0: off.
+    pub stream_buffer_bytes: usize,
+    /// All streams' read-ahead together (bound at start): when it is full, streams wait for
+    /// their clients as without read-ahead.
+    pub stream_buffer_total_bytes: usize,
 }
 
 impl Default for ProxyConfig {
@@ -443,6 +450,8 @@ impl Default for ProxyConfig {
             body_read_timeout_ms: 10_000,
             max_connections: 8192,
             max_connections_per_ip: 512,
+            stream_buffer_bytes: 4 * 1024 * 1024,
+            stream_buffer_total_bytes: 64 * 1024 * 1024,
         }
     }
 }

@@ -98,6 +98,7 @@ pub async fn forward(
             t.mark_dispatched();
             t.row.attempts = i64::from(attempt);
             t.row.node = Some(node.name().to_string());
+            t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
         }
         match attempt_once(shared, &config, guard, &out).await {
             Ok(Attempt::Relay(answer, guard)) => {
@@ -105,7 +106,16 @@ pub async fn forward(
                     t.mark_first_byte();
                 }
                 let resume = continues(shared, &config, &out, &answer, &node);
-                let resp = relay::respond(answer, Source::Node(guard), trace.take(), &out.request_id, idle, resume);
+                let read_ahead = super::readahead::Budget::of(shared);
+                let resp = relay::respond(
+                    answer,
+                    Source::Node(guard),
+                    trace.take(),
+                    &out.request_id,
+                    idle,
+                    resume,
+                    read_ahead,
+                );
                 return Ok(estimated(labelled(resp, node.name(), attempt), estimate));
             }
             Ok(Attempt::Whole(resp)) => return Ok(estimated(labelled(resp, node.name(), attempt), estimate)),

@@ -20,6 +20,7 @@ mod forward;
 pub mod idempotency;
 pub mod limits;
 mod peek;
+mod readahead;
 mod relay;
 mod resume;
 
@@ -729,8 +730,15 @@ async fn fall_back(
         t.row.node = None;
     }
     let header = HeaderValue::from_str(&fb.provider).ok();
-    let mut response =
-        relay::respond(fb.answer, relay::Source::Provider(fb.provider), trace.take(), &request_id, idle, None);
+    let mut response = relay::respond(
+        fb.answer,
+        relay::Source::Provider(fb.provider),
+        trace.take(),
+        &request_id,
+        idle,
+        None,
+        readahead::Budget::of(shared),
+    );
     if let Some(v) = header {
         response.headers_mut().insert("x-corral-fallback", v);
     }

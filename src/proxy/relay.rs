@@ -8,7 +8,8 @@
 //! `Outcome` feeds the node's passive health and the request's record. The in-flight guard
 //! lives here, so a node's slot is held until the client has the last byte or has gone away;
 //! dropping the relay drops the upstream response, which closes the connection and makes
-//! Ollama stop generating.
+//! Ollama stop generating. With read-ahead (`readahead`), the relay runs in a task of its
+//! own ahead of a slow client, so "the end" is the node's last line, not the client's read.
 
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use futures_util::StreamExt;
 use http::{header, HeaderMap, StatusCode};
 use tokio::time::Instant;
 
+use super::readahead::Budget;
 use super::resume::Resume;
 use crate::node::InFlight;
 use crate::outcome::Outcome;
@@ -40,10 +42,20 @@ pub(crate) fn respond(
     request_id: &str,
     idle: Duration,
     resume: Option<Resume>,
+    read_ahead: Option<Budget>,
 ) -> Response {
     let framing = Framing::of(&answer.headers);
     // Only a stream of lines can be continued.
     let resume = resume.filter(|_| framing == Framing::Ndjson);
+    // Only streams are read ahead: a single document arrives whole, assembled or not.
+    let read_ahead = read_ahead.filter(|_| framing != Framing::Opaque);
+    let (handoff, record) = match read_ahead.is_some() && trace.is_some() {
+        true => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            (Some(tx), Some(rx))
+        }
+        false => (None, None),
+    };
     let relay = Relay {
         resume,
         upstream: answer.body,
@@ -61,8 +73,15 @@ pub(crate) fn respond(
         silence: Box::pin(tokio::time::sleep(idle)),
         stashed: None,
         began: Instant::now(),
+        handoff,
     };
-    let mut response = Response::new(Body::from_stream(futures_util::stream::unfold(relay, Relay::next)));
+    let stream = futures_util::stream::unfold(relay, Relay::next);
+    let body = match (read_ahead, record) {
+        (Some(budget), Some(record)) => super::readahead::body(stream, budget, record),
+        (Some(budget), None) => super::readahead::body(stream, budget, tokio::sync::oneshot::channel().1),
+        _ => Body::from_stream(stream),
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = answer.status;
     *response.headers_mut() = answer.headers;
     response
@@ -122,6 +141,9 @@ struct Relay {
     resume: Option<Resume>,
     /// When the first byte was here: the decode time of a node that reports no durations.
     began: Instant,
+    /// With read-ahead, the judged trace goes here when the node is done; the client side
+    /// makes the record once it has the last byte.
+    handoff: Option<tokio::sync::oneshot::Sender<Trace>>,
 }
 
 impl Relay {
@@ -322,7 +344,15 @@ impl Relay {
                 Outcome::TimedOut => ("interrupted", Some("stream_idle_timeout")),
                 _ => ("interrupted", Some("stream_interrupted")),
             };
-            t.finish(status, Some(self.status.as_u16()), code);
+            match self.handoff.take() {
+                Some(client) => {
+                    t.judge(status, Some(self.status.as_u16()), code);
+                    // Refused only when the client side is gone: the trace, dropped, is
+                    // recorded as cancelled.
+                    let _ = client.send(t);
+                }
+                None => t.finish(status, Some(self.status.as_u16()), code),
+            }
         }
         if outcome.is_node_failure() {
             tracing::warn!(request_id = %self.request_id, from = %name, ?outcome, detail, bytes = self.bytes, "answer broke off after it started");

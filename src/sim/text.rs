@@ -49,8 +49,10 @@ pub struct Completion {
     pub done_reason: &'static str,
 }
 
-/// Longest answer the sim gives, whatever `num_predict` asks.
-const MAX_TOKENS: usize = 4096;
+/// Longest answer the sim gives, whatever `num_predict` asks: a long context's worth (Ollama
+/// stops at the context length), enough for an answer bigger than every socket buffer on the
+/// way (the slow-reader test), and bounded for a demo sim facing a careless client.
+const MAX_TOKENS: usize = 256 * 1024;
 
 /// Generate an answer: its natural length (8 to 31 tokens), or `num_predict` tokens when asked.
 pub fn complete(seed: u64, num_predict: Option<i64>) -> Completion {

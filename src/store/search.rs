@@ -58,7 +58,7 @@ pub struct Page {
 /// The columns of a [`RequestRow`], in its field order.
 pub(super) const ROW_COLUMNS: &str = "id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
      fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us";
+     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, node_done_ms, estimate_ms";
 
 /// The page size `q` asks for: 1000 unless it says, within 1 and a million.
 pub fn limit_of(q: &Query) -> i64 {
@@ -179,6 +179,8 @@ pub(super) fn row_of(r: &SqliteRow) -> RequestRow {
             .unwrap_or_default(),
         continued_by: r.get("continued_by"),
         generation_us: r.get("generation_us"),
+        node_done_ms: r.get("node_done_ms"),
+        estimate_ms: r.get("estimate_ms"),
     }
 }
 

@@ -319,6 +319,10 @@ export interface RequestRow {
   failed_attempts?: FailedAttempt[];
   /** The node that continued the answer after its stream broke. */
   continued_by?: string | null;
+  /** When the node was done (ms after arrival); before `total_ms` when a slow client was still reading. */
+  node_done_ms?: number | null;
+  /** fastest-finish's estimate of the time to the end (ms after arrival), when it chose the node. */
+  estimate_ms?: number | null;
 }
 
 /** One attempt that did not answer (store `FailedAttempt`). */
