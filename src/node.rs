@@ -221,6 +221,10 @@ pub struct Node {
     admin_since: Mutex<Since>,
     /// Until when the node asked not to be sent more (its 429's `Retry-After`).
     held_until: Mutex<Option<Instant>>,
+    /// First-token deadlines missed in a row (reset by an answer that made it).
+    first_token_misses: AtomicU32,
+    /// The last miss: a slow mark lasts `SLOW_FOR` after it, then the node is tried again.
+    last_miss: Mutex<Option<Instant>>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
@@ -293,6 +297,8 @@ impl Node {
             health_since: Mutex::new(Since::now("not probed yet")),
             admin_since: Mutex::new(Since::now(admin_reason)),
             held_until: Mutex::new(None),
+            first_token_misses: AtomicU32::new(0),
+            last_miss: Mutex::new(None),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
             loaded_at_ms: AtomicI64::new(0),
@@ -669,11 +675,45 @@ impl Node {
         }
     }
 
+    /// Whether the node keeps missing first-token deadlines: `SLOW_AFTER_MISSES` in a row, the
+    /// last within `SLOW_FOR`. A slow node is not broken (its breaker and health are untouched):
+    /// routing tries it after every other candidate until it answers in time or the mark lapses.
+    pub fn is_slow(&self, now: Instant) -> bool {
+        self.first_token_misses.load(Ordering::Acquire) >= SLOW_AFTER_MISSES
+            && lock(&self.last_miss).is_some_and(|at| now.saturating_duration_since(at) < SLOW_FOR)
+    }
+
+    /// First-token deadlines missed in a row.
+    pub fn first_token_misses(&self) -> u32 {
+        self.first_token_misses.load(Ordering::Acquire)
+    }
+
+    fn count_first_token(&self, outcome: Outcome) {
+        match outcome {
+            Outcome::Slow => {
+                *lock(&self.last_miss) = Some(Instant::now());
+                let n = self.first_token_misses.fetch_add(1, Ordering::AcqRel) + 1;
+                if n == SLOW_AFTER_MISSES {
+                    tracing::warn!(node = %self.name(), misses = n, "node marked slow: it keeps missing first-token deadlines; tried after the others");
+                }
+            }
+            // Read before the swap, so the common case (no misses) writes nothing.
+            Outcome::Success
+                if self.first_token_misses.load(Ordering::Acquire) > 0
+                    && self.first_token_misses.swap(0, Ordering::AcqRel) >= SLOW_AFTER_MISSES =>
+            {
+                tracing::info!(node = %self.name(), "node no longer slow: it answered in time");
+            }
+            _ => {}
+        }
+    }
+
     /// Feed the judged outcome of a real exchange (passive health + breaker).
     fn record_outcome(&self, permit: Permit, outcome: Outcome) {
         if outcome == Outcome::Success {
             self.served.fetch_add(1, Ordering::Relaxed);
         }
+        self.count_first_token(outcome);
         if outcome == Outcome::ConnectFailed && self.health() != Health::Unhealthy {
             // A refused connection is certain: do not wait for the next probe.
             self.probe_successes.store(0, Ordering::Release);
@@ -690,6 +730,11 @@ impl Node {
         }
     }
 }
+
+/// First-token deadlines missed in a row that mark a node slow.
+pub const SLOW_AFTER_MISSES: u32 = 3;
+/// How long a slow mark lasts after the last miss.
+pub const SLOW_FOR: Duration = Duration::from_secs(60);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -6,8 +6,10 @@
 //! 2. `Router::pick` narrows them: occupancy first (unless the category turns `affinity` off,
 //!    only the best tier stays: loaded-and-idle > not loaded > loaded-but-busy > loading would
 //!    evict another loaded model; "loaded" is `/api/ps` showing it entirely in VRAM, see
-//!    `occupancy`), then slow start (a recovering node stays in the running with probability
-//!    equal to its ramp, 10% -> 100%).
+//!    `occupancy`; a category with `wait_for_warm` puts loaded-but-busy before not loaded), a
+//!    node that keeps missing first-token deadlines after all of those (`Node::is_slow`), then
+//!    slow start (a recovering node stays in the running with probability equal to its ramp,
+//!    10% -> 100%).
 //! 3. The category's `Balance` policy chooses one. Policies are small types behind one tiny
 //!    trait; randomness comes from an injected, seedable RNG (tower's `Balance::from_rng`):
 //!    - `round-robin`: a shared cursor.
@@ -124,6 +126,18 @@ pub fn occupancy(node: &Node, key: Option<&str>) -> u8 {
         (false, _) if loaded.iter().any(|l| l.name != key) => 3,
         (false, _) => 1,
     }
+}
+
+/// The rank `Router::pick` keeps the best of: occupancy (with `wait_for_warm`, a loaded busy
+/// node before a cold idle one), and a node that keeps missing first-token deadlines after
+/// every other (slow, not broken: still there when nothing else is).
+fn rank(node: &Node, key: Option<&str>, wait_for_warm: bool, now: Instant) -> u8 {
+    let tier = match (occupancy(node, key), wait_for_warm) {
+        (1, true) => 2,
+        (2, true) => 1,
+        (t, _) => t,
+    };
+    tier + if node.is_slow(now) { 4 } else { 0 }
 }
 
 /// A routing policy. `nodes` is never empty; the answer is an index into it.
@@ -318,6 +332,7 @@ pub fn balance_for(policy: Policy, category: &CategoryConfig) -> Box<dyn Balance
 pub struct Router {
     policy: Policy,
     affinity: bool,
+    wait_for_warm: bool,
     balance: Box<dyn Balance>,
     rng: Mutex<SmallRng>,
 }
@@ -331,6 +346,7 @@ impl Router {
         Self {
             policy: category.policy,
             affinity: category.affinity,
+            wait_for_warm: category.wait_for_warm,
             balance: balance_for(category.policy, category),
             rng: Mutex::new(rng),
         }
@@ -347,7 +363,7 @@ impl Router {
         }
         let mut rng = lock(&self.rng);
         let key = ctx.model.map(crate::config::model_key).filter(|_| self.affinity);
-        let tiers: Vec<u8> = nodes.iter().map(|n| occupancy(n, key.as_deref())).collect();
+        let tiers: Vec<u8> = nodes.iter().map(|n| rank(n, key.as_deref(), self.wait_for_warm, ctx.now)).collect();
         let best = tiers.iter().copied().min().unwrap_or(0);
         // Keep a node when it is in the best occupancy tier and passes its slow-start dice.
         let mut keep = |i: usize| {
@@ -571,6 +587,47 @@ mod tests {
         assert_eq!(rest[r.pick(&rest, &c).expect("pick")].name(), "n2", "a cold idle node beats a busy warm one");
         let last: Vec<_> = vec![Arc::clone(&nodes[1]), Arc::clone(&nodes[3])];
         assert_eq!(last[r.pick(&last, &c).expect("pick")].name(), "n1", "busy warm beats evicting another model");
+    }
+
+    #[test]
+    fn a_category_that_waits_for_warm_puts_a_busy_loaded_node_before_a_cold_idle_one() {
+        let reg = registry(2);
+        let nodes = reg.all();
+        nodes[0].set_loaded(vec![LoadedModel {
+            name: "m:latest".into(),
+            size: 10,
+            size_vram: 10,
+            context_length: None,
+        }]);
+        let _busy = nodes[0].try_dispatch(false).expect("slot");
+        let c = PickCtx { model: Some("m"), session: None, now: Instant::now(), work: Work::default() };
+        let cold_first = router(Policy::LeastConnections);
+        assert_eq!(cold_first.pick(&nodes, &c), Some(1), "by default the cold idle node");
+        let warm = Router::new(
+            &CategoryConfig { policy: Policy::LeastConnections, wait_for_warm: true, ..CategoryConfig::default() },
+            Some(1),
+        );
+        assert_eq!(warm.pick(&nodes, &c), Some(0), "wait_for_warm: the node that has it loaded");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_that_keeps_missing_first_token_deadlines_is_tried_last_until_the_mark_lapses() {
+        let reg = registry(2);
+        let nodes = reg.all();
+        let r = router(Policy::Priority);
+        let ctx = || PickCtx { model: None, session: None, now: Instant::now(), work: Work::default() };
+        for i in 0..crate::node::SLOW_AFTER_MISSES {
+            assert_eq!(r.pick(&nodes, &ctx()), Some(0), "n0 first while it has missed {i}");
+            nodes[0].try_dispatch(false).expect("slot").judge(Outcome::Slow);
+        }
+        assert!(nodes[0].is_slow(Instant::now()));
+        assert_eq!(nodes[0].breaker_state(), crate::breaker::BreakerState::Closed, "slow, not broken");
+        assert_eq!(r.pick(&nodes, &ctx()), Some(1), "a slow node goes after the others");
+        assert_eq!(r.pick(&nodes[..1], &ctx()), Some(0), "and is still there alone");
+        tokio::time::advance(crate::node::SLOW_FOR).await;
+        assert_eq!(r.pick(&nodes, &ctx()), Some(0), "the mark lapses: tried again");
+        nodes[0].try_dispatch(false).expect("slot").judge(Outcome::Success);
+        assert_eq!(nodes[0].first_token_misses(), 0, "an answer in time clears the count");
     }
 
     #[tokio::test(start_paused = true)]

@@ -71,6 +71,25 @@ async fn help_describes_the_running_config() {
     let help: Value = c.admin(Method::GET, "/help").send().await.expect("answer").json().await.expect("json");
     assert_eq!(help["categories"][0]["policy"], "p2c");
     assert_eq!(help["categories"][0]["priority"], 3);
+    // The scheduling rules a client meets, per category, and what it may infer.
+    let r = c
+        .admin(Method::PUT, "/admin/categories/default")
+        .json(&json!({"first_token_timeout_ms": 800, "wait_for_warm": true}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let help: Value = c.admin(Method::GET, "/help").send().await.expect("answer").json().await.expect("json");
+    let sched = &help["categories"][0]["scheduling"];
+    assert!(sched["first_token_deadline"].as_str().is_some_and(|d| d.starts_with("800 ms")), "{sched}");
+    assert!(
+        sched["candidate_order"].as_str().is_some_and(|o| o.contains("loaded but busy (waits for it) > not loaded")),
+        "{sched}"
+    );
+    assert!(sched["slow_nodes"].as_str().is_some_and(|t| t.contains("3 times in a row")), "{sched}");
+    let infer = &help["what_a_client_may_infer"];
+    assert!(infer["status_is_a_snapshot"].as_str().is_some_and(|t| t.contains("not a reservation")), "{infer}");
+    assert_eq!(infer["read_ahead"]["per_stream_bytes"], config.proxy.stream_buffer_bytes);
 }
 
 #[tokio::test]

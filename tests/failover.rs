@@ -159,6 +159,46 @@ async fn a_slow_first_token_moves_a_non_streamed_request_to_another_node() {
     );
 }
 
+#[tokio::test]
+async fn a_node_that_keeps_missing_the_first_token_deadline_is_marked_slow_and_tried_last() {
+    let c = cluster(2)
+        .config(|cfg| {
+            cfg.categories[0].first_token_timeout_ms = 150;
+            cfg.categories[0].policy = corral::config::Policy::Priority;
+            cfg.categories[0].order = vec!["n0".into(), "n1".into()];
+        })
+        .start()
+        .await;
+    c.sims[0].set_faults(corral::sim::Faults { ttft_ms: Some(3_000), ..Default::default() });
+    let slow = || async {
+        let v: serde_json::Value =
+            c.admin(reqwest::Method::GET, "/admin/nodes").send().await.expect("nodes").json().await.expect("json");
+        (v[0]["slow"].clone(), v[0]["first_token_misses"].clone(), v[0]["state"].clone())
+    };
+    for miss in 1..=corral::node::SLOW_AFTER_MISSES {
+        let r = c.chat("llama3.2", false).await;
+        assert_eq!(
+            (r.headers()["x-corral-node"].to_str().ok(), r.headers()["x-corral-attempts"].to_str().ok()),
+            (Some("n1"), Some("2"))
+        );
+        assert_eq!(slow().await.1, miss, "misses counted");
+    }
+    assert_eq!(
+        slow().await,
+        (serde_json::json!(true), serde_json::json!(3), serde_json::json!("healthy")),
+        "slow, still healthy"
+    );
+    // n0 is first in the order, but a slow node is tried after the others: no deadline waited.
+    let started = tokio::time::Instant::now();
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(
+        (r.headers()["x-corral-node"].to_str().ok(), r.headers()["x-corral-attempts"].to_str().ok()),
+        (Some("n1"), Some("1"))
+    );
+    assert!(started.elapsed() < std::time::Duration::from_millis(150), "{:?}", started.elapsed());
+    assert_eq!(c.node(0).breaker_state(), corral::breaker::BreakerState::Closed);
+}
+
 /// A cluster of `n` sims where n0 is tried first, first-byte timeout `ms`.
 fn first_is_n0(n: usize, ms: u64) -> common::ClusterBuilder {
     cluster(n).config(move |cfg| {

@@ -46,6 +46,9 @@ pub(super) fn node_json(n: &Node) -> Value {
         "ttfb_ms": ttfb.map(|(d, _)| d.as_secs_f64() * 1000.0),
         "ttfb_as_of": ttfb.map(|(_, at)| at),
         "slow_start_share": n.slow_start_factor(now),
+        // Keeps missing first-token deadlines: tried after the others, not broken.
+        "slow": n.is_slow(now),
+        "first_token_misses": n.first_token_misses(),
         "models": n.models(),
         "loaded": *n.loaded(),
         "loaded_as_of": n.loaded_as_of(),

@@ -229,9 +229,48 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
             "default_num_ctx": config.proxy.default_num_ctx,
             "context_guard": config.proxy.context_guard,
         },
+        "what_a_client_may_infer": inference_help(&config),
         "errors": "JSON {error, code, forwarded}; codes in docs/errors.md. Mid-stream failures end the stream with {\"error\", \"code\"}.",
         "nodes": nodes,
     }))
+}
+
+/// What a client may and may not conclude from what it sees (the busy-light field report).
+fn inference_help(config: &crate::config::Config) -> Value {
+    json!({
+        "status_is_a_snapshot": "what /admin/status, /api/ps or a probe shows is a snapshot, not a reservation: another request may take the slot first",
+        "disconnect": "closing the connection before the node is done cancels the node's work (Corral closes its connection to the node), and clients that joined the same request with its Idempotency-Key see their stream end there; after the node is done, the rest of a streamed answer waits in Corral's read-ahead buffer and closing changes nothing upstream",
+        "retry": "a rejection marked X-Corral-Forwarded: false reached no node and is safe to retry; anything else may have run: retry with the same Idempotency-Key",
+        "read_ahead": { "per_stream_bytes": config.proxy.stream_buffer_bytes, "total_bytes": config.proxy.stream_buffer_total_bytes, "why": "a client slower than the node does not hold the node's slot; past the bound the node waits for the client" },
+    })
+}
+
+/// How a category picks a node and when it gives up on one, in words a client can act on.
+fn scheduling_help(c: &crate::config::CategoryConfig) -> Value {
+    let order = match (c.affinity, c.wait_for_warm) {
+        (false, _) => "no occupancy preference: the policy sees every candidate",
+        (true, false) => {
+            "model loaded and idle > not loaded (a cold load) > loaded but busy > loading would evict another model"
+        }
+        (true, true) => {
+            "model loaded and idle > loaded but busy (waits for it) > not loaded > loading would evict another model"
+        }
+    };
+    let deadline = match c.first_token_timeout_ms {
+        0 => "off: a node has until proxy.first_byte_timeout_ms for its first token".to_string(),
+        ms => format!("{ms} ms: with nothing sent to the client yet, a node without a first token by then is cancelled and the request goes elsewhere (one attempt of the retry budget)"),
+    };
+    json!({
+        "policy": c.policy.name(),
+        "candidate_order": order,
+        "first_token_deadline": deadline,
+        "slow_nodes": format!(
+            "a node that misses first-token deadlines {} times in a row is marked slow (not failed: health and breaker untouched) and tried after every other candidate for {} s after its last miss, or until it answers in time",
+            crate::node::SLOW_AFTER_MISSES,
+            crate::node::SLOW_FOR.as_secs()
+        ),
+        "estimate": if c.policy == crate::config::Policy::FastestFinish { "X-Corral-Estimate-Ms: the planned time from arrival to the end (slot wait + prefill + decode + load), also in the record; a plan, re-made if the node's estimate worsens" } else { "none (only fastest-finish estimates)" },
+    })
 }
 
 /// One category in `/help`: how it routes, and the rules a client meets (idempotency, limits).
@@ -251,6 +290,7 @@ fn category_help(c: &crate::config::CategoryConfig) -> Value {
     json!({
         "name": c.name, "policy": c.policy.name(), "priority": c.priority, "queue_timeout_ms": c.queue_timeout_ms,
         "cloud": c.cloud, "providers": c.providers, "redact": c.redact, "models": c.models, "affinity": c.affinity,
+        "scheduling": scheduling_help(c),
         "idempotency": {
             "window_ms": c.idempotency_window_ms,
             "while_running": if c.idempotency_window_ms > 0 { "a duplicate joins the running request and gets its whole answer" } else { "off: every request runs" },

@@ -279,6 +279,10 @@ pub struct CategoryConfig {
     pub models: Vec<String>,
     /// Prefer nodes that have the model loaded entirely in VRAM (`/api/ps`).
     pub affinity: bool,
+    /// With `affinity`: rather wait for a node that has the model loaded but is busy than load
+    /// it on an idle node (false: the cold idle node goes first, as a cold load is usually
+    /// shorter than a whole answer; true for big models whose load takes longer than a turn).
+    pub wait_for_warm: bool,
     /// For `policy = "priority"`: node names, most preferred first; unlisted nodes follow in
     /// config order.
     pub order: Vec<String>,
@@ -327,6 +331,7 @@ impl Default for CategoryConfig {
             redact_max_bytes: 1024 * 1024,
             models: Vec::new(),
             affinity: true,
+            wait_for_warm: false,
             order: Vec::new(),
             first_token_timeout_ms: 0,
             stream_idle_timeout_ms: 30_000,

@@ -95,10 +95,7 @@ pub async fn forward(
         let estimate = guard.estimate();
         ticket.tried.push(Arc::clone(&node));
         if let Some(t) = trace.as_mut() {
-            t.mark_dispatched();
-            t.row.attempts = i64::from(attempt);
-            t.row.node = Some(node.name().to_string());
-            t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
+            dispatched(t, attempt, &node, estimate);
         }
         match attempt_once(shared, &config, guard, &out).await {
             Ok(Attempt::Relay(answer, guard)) => {
@@ -236,6 +233,14 @@ fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
     }
     h.insert("x-corral-attempts", HeaderValue::from(attempt));
     resp
+}
+
+/// The record of attempt `attempt` leaving for `node` (with fastest-finish's estimate).
+fn dispatched(t: &mut Trace, attempt: u32, node: &Node, estimate: Option<Duration>) {
+    t.mark_dispatched();
+    t.row.attempts = i64::from(attempt);
+    t.row.node = Some(node.name().to_string());
+    t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
 }
 
 /// `resp` with `fastest-finish`'s estimate of the request's time (from arrival), when it made one.
