@@ -12,7 +12,8 @@
 //! Where the fields are: Ollama's `/api/chat` and `/api/generate` take `options.num_predict`,
 //! `options.num_ctx`, `options.temperature` and a top-level `keep_alive` (seconds or a Go
 //! duration like "5m"); `/v1/chat/completions` and `/v1/completions` take top-level
-//! `max_tokens` / `max_completion_tokens` and `temperature` (no context or keep-alive there).
+//! `max_tokens` / `max_completion_tokens` and `temperature` (no context or keep-alive there),
+//! `/v1/responses` `max_output_tokens`, and Anthropic's `/v1/messages` `max_tokens`.
 //! The body is parsed and written once, only in a category that sets a limit and only when
 //! something changes; otherwise the client's bytes go as they came.
 
@@ -31,11 +32,16 @@ pub struct Applied {
 
 /// Apply `limits` of `category` to a request for `path`; `None` when the body is unchanged.
 pub fn apply(limits: &RequestLimits, category: &str, path: &str, body: &[u8]) -> Result<Option<Applied>, BrokerError> {
-    let native = match path {
-        "/api/chat" | "/api/generate" => true,
-        "/v1/chat/completions" | "/v1/completions" => false,
+    // The names of the answer-length field, per API: Ollama's (in `options`), Chat
+    // Completions' two, the Responses API's, Anthropic Messages'.
+    let lengths: &[&str] = match path {
+        "/api/chat" | "/api/generate" => &[],
+        "/v1/chat/completions" | "/v1/completions" => &["max_tokens", "max_completion_tokens"],
+        "/v1/responses" => &["max_output_tokens"],
+        "/v1/messages" => &["max_tokens"],
         _ => return Ok(None),
     };
+    let native = lengths.is_empty();
     if !limits.is_active() {
         return Ok(None);
     }
@@ -45,7 +51,7 @@ pub fn apply(limits: &RequestLimits, category: &str, path: &str, body: &[u8]) ->
     if native {
         edit.native(top)?;
     } else {
-        edit.openai(top)?;
+        edit.top_level(top, lengths)?;
     }
     if !edit.changed {
         return Ok(None);
@@ -76,11 +82,13 @@ impl Edit<'_> {
         self.keep_alive(top)
     }
 
-    fn openai(&mut self, top: &mut Map<String, Value>) -> Result<(), BrokerError> {
+    /// The `/v1` dialects: the length fields `lengths` (the first one takes the default when
+    /// none is named) and `temperature`, at the top level.
+    fn top_level(&mut self, top: &mut Map<String, Value>, lengths: &[&str]) -> Result<(), BrokerError> {
         let l = self.limits;
-        let named = ["max_tokens", "max_completion_tokens"].iter().any(|k| top.get(*k).is_some_and(|v| !v.is_null()));
-        for key in ["max_tokens", "max_completion_tokens"] {
-            let default = if named || key != "max_tokens" { 0 } else { l.default_predict };
+        let named = lengths.iter().any(|k| top.get(*k).is_some_and(|v| !v.is_null()));
+        for (i, &key) in lengths.iter().enumerate() {
+            let default = if named || i > 0 { 0 } else { l.default_predict };
             self.count(top, key, key, l.max_predict, default)?;
         }
         self.temperature(top)
@@ -263,6 +271,26 @@ mod tests {
         assert!(run(&l, "/api/chat", json!({"model": "m", "options": {"num_predict": 100, "num_ctx": 2048}}))
             .expect("ok")
             .is_none());
+    }
+
+    #[test]
+    fn the_responses_and_messages_apis_are_capped_by_their_own_field_names() {
+        let l = limits(|l| {
+            l.max_predict = 256;
+            l.default_predict = 64;
+            l.temperature_max = Some(0.5);
+        });
+        let (v, clamped) = run(&l, "/v1/responses", json!({"model": "m", "input": "hi", "max_output_tokens": 9000}))
+            .expect("ok")
+            .expect("changed");
+        assert_eq!((v["max_output_tokens"].clone(), clamped), (json!(256), vec!["max_output_tokens=256".to_string()]));
+        let (v, _) = run(&l, "/v1/responses", json!({"model": "m", "input": "hi"})).expect("ok").expect("default");
+        assert_eq!(v["max_output_tokens"], 64, "the default under the Responses API's name");
+        assert!(v.get("max_tokens").is_none(), "no field of another API added");
+        let body = json!({"model": "m", "max_tokens": 4096, "temperature": 0.9, "messages": [{"role": "user", "content": "hi"}]});
+        let (v, clamped) = run(&l, "/v1/messages", body).expect("ok").expect("changed");
+        assert_eq!((v["max_tokens"].clone(), v["temperature"].clone()), (json!(256), json!(0.5)));
+        assert_eq!(clamped, ["max_tokens=256", "temperature=0.5"]);
     }
 
     #[test]
