@@ -34,6 +34,17 @@ test("the overview shows a card per node, and a killed node's card turns red", a
   await page.close();
 });
 
+test("a node card shows the speed it learned per model once it has answered", async () => {
+  const r = await c.chat("llama3.2");
+  const node = r.headers.get("x-corral-node");
+  assert.ok(node, "answered by a node");
+  const page = await open(b, c);
+  const line = `.card[data-node=${node}] [data-speed='llama3.2:latest']`;
+  await page.waitForSelector(line, { timeout: 10000 });
+  assert.match(await page.textContent(line), /llama3\.2:latest \d+ tok\/s · prefill \d+\/s/);
+  await page.close();
+});
+
 test("the overview says where to point clients, as bound", async () => {
   const page = await open(b, c);
   await page.waitForSelector("[data-testid=connect]", { timeout: 10000 });

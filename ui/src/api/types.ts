@@ -60,6 +60,22 @@ export interface Node {
   loaded: LoadedModel[];
   /** Unix ms of the `/api/ps` answer `loaded` comes from; null before the first. */
   loaded_as_of: number | null;
+  /** Keeps missing first-token deadlines: tried after the other nodes, not failed. */
+  slow?: boolean;
+  first_token_misses?: number;
+  /** The speed model per model, learned from finished answers; a field is null while unknown. */
+  speed?: Record<string, Speed>;
+}
+
+/** `speed::Speed`: what the node's speed estimate for one model reads now. */
+export interface Speed {
+  prefill_tps: number | null;
+  decode_tps: number | null;
+  load_ms: number | null;
+  typical_output_tokens: number | null;
+  /** 0..1: 1 while fresh, falling towards 0 as the estimate goes stale. */
+  confidence: number;
+  samples: number;
 }
 
 /** `NodeConfig`: the body of `POST /admin/nodes` (omitted fields take the config defaults). */
