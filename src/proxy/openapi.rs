@@ -86,15 +86,23 @@ const REQUEST_HEADERS: &[(&str, &str)] = &[
     ("Idempotency-Key", "A duplicate joins the running request instead of running twice"),
 ];
 
-/// Response headers Corral sets (CONTRACT.md "Response headers").
-const RESPONSE_HEADERS: &[(&str, &str)] = &[
+/// Response headers Corral sets on every answer.
+const ANSWER_HEADERS: &[(&str, &str)] = &[
     ("X-Request-Id", "The client's id when it sent one, else Corral's"),
+    ("X-Corral-Request-Id", "Corral's own id: the key of the request's record"),
+];
+
+/// Response headers Corral sets on what went to a node (CONTRACT.md "Response headers").
+const RESPONSE_HEADERS: &[(&str, &str)] = &[
     ("X-Corral-Node", "The node that served"),
     ("X-Corral-Attempts", "How many nodes were tried"),
     ("X-Corral-Fallback", "The cloud provider that answered, when one did"),
     ("X-Corral-Degraded", "The model that answered instead, when a degrade chain was used"),
     ("X-Corral-Estimate-Ms", "fastest-finish's estimate of the request's time"),
     ("X-Corral-Clamped", "Which request limits were applied"),
+    ("X-Corral-Context-Warning", "The prompt fills more than 85% of the model's context"),
+    ("X-Corral-Fallback-Model", "The provider's model that answered, with X-Corral-Fallback"),
+    ("X-Corral-Dropped", "Request fields the provider's API has no place for"),
 ];
 
 /// The document, rendered once.
@@ -150,19 +158,21 @@ fn operation(route: &Route) -> Operation {
         op = op.request_body(Some(RequestBodyBuilder::new().content(body.0, body.1).build()));
     }
     let mut ok = ResponseBuilder::new().description(answer(route).0);
-    for (name, what) in RESPONSE_HEADERS.iter().filter(|(n, _)| forwarded || *n == "X-Request-Id") {
-        ok = ok.header(*name, HeaderBuilder::new().schema(doc::string()).description(Some(*what)).build());
+    let sent = if forwarded { RESPONSE_HEADERS } else { &[] };
+    for (name, what) in ANSWER_HEADERS.iter().chain(sent) {
+        ok = ok.header(*name, response_header(what));
     }
     if let Some(media) = answer(route).1 {
         ok = ok.content(media, Content::default());
     }
-    let marked = HeaderBuilder::new()
-        .schema(doc::string())
-        .description(Some("`false`: Corral refused the request without sending it anywhere"));
-    let error = ResponseBuilder::new()
+    let mut error = ResponseBuilder::new()
         .description("An error Corral made: 400, 401, 403, 404, 408, 409, 413, 415, 429, 502, 503, 504")
-        .header("X-Corral-Forwarded", marked.build())
+        .header("X-Corral-Forwarded", response_header("`false`: Corral refused it without sending it anywhere"))
+        .header("Retry-After", response_header("Seconds to wait before trying again (429, 503)"))
         .content("application/json", doc::json("BrokerErrorBody"));
+    for (name, what) in ANSWER_HEADERS {
+        error = error.header(*name, response_header(what));
+    }
     op.response("200", ok.build()).response("default", error.build()).build()
 }
 
@@ -172,6 +182,10 @@ fn tag(path: &str) -> &'static str {
         p if p.starts_with("/v1/") => "openai",
         _ => "ollama",
     }
+}
+
+fn response_header(what: &str) -> utoipa::openapi::Header {
+    HeaderBuilder::new().schema(doc::string()).description(Some(what)).build()
 }
 
 fn header_parameter(name: &str, what: &str) -> utoipa::openapi::path::Parameter {
