@@ -62,7 +62,7 @@ async fn snapshot(s: &AdminState, b: Buckets, now_ms: i64) -> Result<Snapshot, A
     Ok(snap)
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct SeriesQuery {
     range: Option<String>,
 }
@@ -82,7 +82,7 @@ pub(super) async fn series(
     Ok(Json(body))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct ChartQuery {
     window: Option<String>,
     width: Option<u32>,

@@ -54,8 +54,9 @@ pub(super) async fn export(State(s): State<AdminState>) -> Response {
     ([(header::CONTENT_TYPE, "application/toml; charset=utf-8")], text).into_response()
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct ImportQuery {
+    #[param(inline)]
     mode: Option<ImportMode>,
     dry_run: Option<bool>,
     /// Trust change ids a person confirmed, comma-separated.

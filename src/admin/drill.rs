@@ -66,9 +66,10 @@ impl Drop for Running {
 }
 
 /// The body of `POST /admin/drill`; every field may be left out.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Ask {
+#[schema(as = DrillRequest)]
+pub(super) struct Ask {
     /// The node to take out; default: the busiest serving node (the first, on a tie).
     node: Option<String>,
     /// Only this category; default: every category.
@@ -80,9 +81,9 @@ struct Ask {
 }
 
 /// How the node is taken out.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
-enum How {
+pub(super) enum How {
     /// The runtime drain: no new requests go to it; what the router does when a node leaves.
     #[default]
     Drain,

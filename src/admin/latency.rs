@@ -26,7 +26,7 @@ use crate::upstream::Upstream;
 const FIRST_TOKEN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One test's result. `model` is `None` for a ping.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Measured {
     pub node: String,
     pub model: Option<String>,
@@ -108,9 +108,10 @@ pub(super) async fn list(State(s): State<AdminState>) -> Json<serde_json::Value>
 }
 
 /// The body of `POST /admin/latency`; every field may be left out.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Ask {
+#[schema(as = LatencyRequest)]
+pub(super) struct Ask {
     /// Models to time; none: a ping of each node.
     #[serde(default)]
     models: Vec<String>,

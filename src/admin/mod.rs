@@ -27,6 +27,7 @@ mod events;
 mod latency;
 mod models;
 mod nodes;
+mod openapi;
 mod providers;
 mod requests;
 mod secrets;
@@ -44,11 +45,14 @@ use http::{header, Method};
 use subtle::ConstantTimeEq;
 
 use crate::config::Config;
+use crate::openapi::schema;
 use crate::state::Shared;
+use openapi::{query, says};
 
 pub use drill::Drills;
 pub use error::AdminError;
 pub use latency::Latencies;
+pub use openapi::{document, Doc};
 pub use requests::parse_since;
 
 #[derive(Clone)]
@@ -80,67 +84,227 @@ pub struct Route {
     /// axum's path syntax: `{name}` for a segment, `{*file}` for the rest.
     pub path: &'static str,
     pub access: Access,
+    /// What `GET /openapi.json` says of it.
+    pub doc: Doc,
     wire: Wire,
 }
 
-const fn public(method: Method, path: &'static str, wire: Wire) -> Route {
-    Route { method, path, access: Access::Public, wire }
+const fn public(method: Method, path: &'static str, wire: Wire, doc: Doc) -> Route {
+    Route { method, path, access: Access::Public, doc, wire }
 }
 
-const fn protected(method: Method, path: &'static str, wire: Wire) -> Route {
-    Route { method, path, access: Access::Protected, wire }
+const fn protected(method: Method, path: &'static str, wire: Wire, doc: Doc) -> Route {
+    Route { method, path, access: Access::Protected, doc, wire }
 }
 
-/// Every route of the admin listener. `router()` builds from this table only.
+/// Every route of the admin listener. `router()` builds from this table only, and
+/// `GET /openapi.json` describes this table only: a new route is a new row here.
 pub const ROUTES: &[Route] = &[
-    public(Method::GET, "/healthz", |m| on(m, status::healthz)),
+    public(Method::GET, "/healthz", |m| on(m, status::healthz), says("Liveness: `{\"status\": \"ok\"}`, no token")),
     // The UI's static files: no data in them; every call they make needs the token.
-    public(Method::GET, "/", |m| on(m, crate::ui::root)),
-    public(Method::GET, "/ui/", |m| on(m, crate::ui::index)),
-    public(Method::GET, "/ui/{*file}", |m| on(m, crate::ui::asset)),
-    protected(Method::GET, "/help", |m| on(m, status::help)),
-    protected(Method::GET, "/metrics", |m| on(m, status::metrics)),
-    protected(Method::GET, "/admin/status", |m| on(m, status::status)),
-    protected(Method::GET, "/admin/accepting", |m| on(m, status::get_accepting)),
-    protected(Method::PUT, "/admin/accepting", |m| on(m, status::put_accepting)),
-    protected(Method::GET, "/admin/nodes", |m| on(m, nodes::list)),
-    protected(Method::POST, "/admin/nodes", |m| on(m, nodes::add)),
-    protected(Method::GET, "/admin/nodes/{name}", |m| on(m, nodes::get)),
-    protected(Method::PATCH, "/admin/nodes/{name}", |m| on(m, nodes::patch)),
-    protected(Method::DELETE, "/admin/nodes/{name}", |m| on(m, nodes::delete)),
-    protected(Method::POST, "/admin/nodes/{name}/test", |m| on(m, nodes::test)),
-    protected(Method::POST, "/admin/drill", |m| on(m, drill::drill)),
-    protected(Method::GET, "/admin/categories", |m| on(m, categories::list)),
-    protected(Method::PUT, "/admin/categories", |m| on(m, categories::put_all)),
-    protected(Method::GET, "/admin/categories/{name}", |m| on(m, categories::get)),
-    protected(Method::PUT, "/admin/categories/{name}", |m| on(m, categories::put)),
-    protected(Method::DELETE, "/admin/categories/{name}", |m| on(m, categories::delete)),
-    protected(Method::GET, "/admin/providers", |m| on(m, providers::list)),
-    protected(Method::PUT, "/admin/providers", |m| on(m, providers::put_all)),
-    protected(Method::POST, "/admin/providers/{name}/test", |m| on(m, providers::test)),
-    protected(Method::GET, "/admin/secrets", |m| on(m, secrets::list)),
-    protected(Method::PUT, "/admin/secrets/{name}", |m| on(m, secrets::put)),
-    protected(Method::DELETE, "/admin/secrets/{name}", |m| on(m, secrets::delete)),
-    protected(Method::POST, "/admin/secrets/{name}/bind", |m| on(m, secrets::bind)),
-    protected(Method::GET, "/admin/settings", |m| on(m, settings::get)),
-    protected(Method::PUT, "/admin/settings", |m| on(m, settings::put)),
-    protected(Method::POST, "/admin/client-keys", |m| on(m, settings::create)),
-    protected(Method::DELETE, "/admin/client-keys/{name}", |m| on(m, settings::revoke)),
-    protected(Method::GET, "/admin/config/export", |m| on(m, config::export)),
-    protected(Method::POST, "/admin/config/import", |m| on(m, config::import)),
-    protected(Method::POST, "/admin/config/save", |m| on(m, config::save)),
-    protected(Method::GET, "/admin/requests", |m| on(m, requests::list)),
-    protected(Method::GET, "/admin/requests/summary", |m| on(m, requests::summary)),
-    protected(Method::GET, "/admin/requests/{id}", |m| on(m, requests::get)),
-    protected(Method::GET, "/admin/charts/series", |m| on(m, charts::series)),
-    protected(Method::GET, "/admin/charts/{file}", |m| on(m, charts::chart)),
-    protected(Method::GET, "/admin/events", |m| on(m, events::events)),
-    protected(Method::GET, "/admin/models", |m| on(m, models::matrix)),
-    protected(Method::POST, "/admin/models/pull", |m| on(m, models::pull_model)),
-    protected(Method::POST, "/admin/models/delete", |m| on(m, models::delete)),
-    protected(Method::POST, "/admin/models/copy", |m| on(m, models::copy)),
-    protected(Method::GET, "/admin/latency", |m| on(m, latency::list)),
-    protected(Method::POST, "/admin/latency", |m| on(m, latency::run)),
+    public(Method::GET, "/", |m| on(m, crate::ui::root), says("Redirects to the UI").answers(307, "")),
+    public(Method::GET, "/ui/", |m| on(m, crate::ui::index), says("The UI").answers(200, "text/html")),
+    public(Method::GET, "/ui/{*file}", |m| on(m, crate::ui::asset), says("The UI's files").answers(200, "*/*")),
+    protected(
+        Method::GET,
+        "/openapi.json",
+        |m| on(m, openapi::serve),
+        says("This document: the admin API in OpenAPI 3.1"),
+    ),
+    protected(
+        Method::GET,
+        "/help",
+        |m| on(m, status::help),
+        says("Self-description: endpoints, headers, limits, queue rules"),
+    ),
+    protected(
+        Method::GET,
+        "/metrics",
+        |m| on(m, status::metrics),
+        says("Prometheus metrics").answers(200, "application/openmetrics-text"),
+    ),
+    protected(Method::GET, "/admin/status", |m| on(m, status::status), says("Nodes, in-flight, queue, recent stats")),
+    protected(
+        Method::GET,
+        "/admin/accepting",
+        |m| on(m, status::get_accepting),
+        says("Whether new requests are taken"),
+    ),
+    protected(
+        Method::PUT,
+        "/admin/accepting",
+        |m| on(m, status::put_accepting),
+        says("Pause or resume: paused, new requests get 503 `paused`").takes(schema::<status::Accepting>),
+    ),
+    protected(Method::GET, "/admin/nodes", |m| on(m, nodes::list), says("Every node with its state")),
+    protected(
+        Method::POST,
+        "/admin/nodes",
+        |m| on(m, nodes::add),
+        says("Add a node").takes(schema::<crate::config::NodeConfig>).answers(201, "application/json"),
+    ),
+    protected(Method::GET, "/admin/nodes/{name}", |m| on(m, nodes::get), says("One node with its state")),
+    protected(
+        Method::PATCH,
+        "/admin/nodes/{name}",
+        |m| on(m, nodes::patch),
+        says("Change a node: enabled, draining, weight, max_concurrency").takes(schema::<nodes::NodePatch>),
+    ),
+    protected(
+        Method::DELETE,
+        "/admin/nodes/{name}",
+        |m| on(m, nodes::delete),
+        says("Remove a node; its running requests finish").answers(204, ""),
+    ),
+    protected(
+        Method::POST,
+        "/admin/nodes/{name}/test",
+        |m| on(m, nodes::test),
+        says("Latency test of one node: a ping, or a model's first token")
+            .takes(schema::<nodes::TestAsk>)
+            .gives(schema::<latency::Measured>),
+    ),
+    protected(
+        Method::POST,
+        "/admin/drill",
+        |m| on(m, drill::drill),
+        says("Rehearse failover: take a node out, send a batch per category").takes(schema::<drill::Ask>),
+    ),
+    protected(Method::GET, "/admin/categories", |m| on(m, categories::list), says("Every category")),
+    protected(Method::PUT, "/admin/categories", |m| on(m, categories::put_all), says("Replace every category")),
+    protected(Method::GET, "/admin/categories/{name}", |m| on(m, categories::get), says("One category")),
+    protected(Method::PUT, "/admin/categories/{name}", |m| on(m, categories::put), says("Add or replace a category")),
+    protected(
+        Method::DELETE,
+        "/admin/categories/{name}",
+        |m| on(m, categories::delete),
+        says("Remove a category").answers(204, ""),
+    ),
+    protected(Method::GET, "/admin/providers", |m| on(m, providers::list), says("Every cloud provider")),
+    protected(Method::PUT, "/admin/providers", |m| on(m, providers::put_all), says("Replace every cloud provider")),
+    protected(
+        Method::POST,
+        "/admin/providers/{name}/test",
+        |m| on(m, providers::test),
+        says("Test a provider's key and base URL"),
+    ),
+    protected(Method::GET, "/admin/secrets", |m| on(m, secrets::list), says("Secret names (never values)")),
+    protected(
+        Method::PUT,
+        "/admin/secrets/{name}",
+        |m| on(m, secrets::put),
+        says("Store a secret in the OS keyring").takes(schema::<secrets::PutBody>).answers(204, ""),
+    ),
+    protected(
+        Method::DELETE,
+        "/admin/secrets/{name}",
+        |m| on(m, secrets::delete),
+        says("Delete a secret").answers(204, ""),
+    ),
+    protected(
+        Method::POST,
+        "/admin/secrets/{name}/bind",
+        |m| on(m, secrets::bind),
+        says("Bind a key to the origin it may be sent to").takes(schema::<secrets::BindBody>),
+    ),
+    protected(Method::GET, "/admin/settings", |m| on(m, settings::get), says("Listeners, admin, health, breaker, ...")),
+    protected(
+        Method::PUT,
+        "/admin/settings",
+        |m| on(m, settings::put),
+        says("Change settings: any subset of the sections").takes(schema::<settings::SettingsPatch>),
+    ),
+    protected(
+        Method::POST,
+        "/admin/client-keys",
+        |m| on(m, settings::create),
+        says("Create a client key for listeners").takes(schema::<settings::NewKey>).answers(201, "application/json"),
+    ),
+    protected(Method::DELETE, "/admin/client-keys/{name}", |m| on(m, settings::revoke), says("Revoke a client key")),
+    protected(
+        Method::GET,
+        "/admin/config/export",
+        |m| on(m, config::export),
+        says("The config to share, never secrets").answers(200, "application/toml"),
+    ),
+    protected(
+        Method::POST,
+        "/admin/config/import",
+        |m| on(m, config::import),
+        says("Import a TOML config: preview, and unless a dry run, the swap").asks(query::<config::ImportQuery>),
+    ),
+    protected(
+        Method::POST,
+        "/admin/config/save",
+        |m| on(m, config::save),
+        says("Write the config in force to its file"),
+    ),
+    protected(
+        Method::GET,
+        "/admin/requests",
+        |m| on(m, requests::list),
+        says("Request records, newest first, filtered and paged").asks(query::<requests::RequestsQuery>),
+    ),
+    protected(
+        Method::GET,
+        "/admin/requests/summary",
+        |m| on(m, requests::summary),
+        says("Counts, errors, latency and tokens by group").asks(query::<requests::SummaryQuery>),
+    ),
+    protected(Method::GET, "/admin/requests/{id}", |m| on(m, requests::get), says("One request with its attempts")),
+    protected(
+        Method::GET,
+        "/admin/charts/series",
+        |m| on(m, charts::series),
+        says("Every live chart's numbers").asks(query::<charts::SeriesQuery>),
+    ),
+    protected(
+        Method::GET,
+        "/admin/charts/{file}",
+        |m| on(m, charts::chart),
+        says("One chart (`{chart}.svg`) of the recent past")
+            .asks(query::<charts::ChartQuery>)
+            .answers(200, "image/svg+xml"),
+    ),
+    protected(
+        Method::GET,
+        "/admin/events",
+        |m| on(m, events::events),
+        says("What changed, as server-sent events (`?token=` allowed here)").answers(200, "text/event-stream"),
+    ),
+    protected(Method::GET, "/admin/models", |m| on(m, models::matrix), says("Which node has which model")),
+    protected(
+        Method::POST,
+        "/admin/models/pull",
+        |m| on(m, models::pull_model),
+        says("Pull a model, NDJSON progress per node")
+            .takes(schema::<models::PullRequest>)
+            .answers(200, "application/x-ndjson"),
+    ),
+    protected(
+        Method::POST,
+        "/admin/models/delete",
+        |m| on(m, models::delete),
+        says("Delete a model from nodes").takes(schema::<models::DeleteRequest>),
+    ),
+    protected(
+        Method::POST,
+        "/admin/models/copy",
+        |m| on(m, models::copy),
+        says("Copy a model on nodes").takes(schema::<models::CopyRequest>),
+    ),
+    protected(
+        Method::GET,
+        "/admin/latency",
+        |m| on(m, latency::list),
+        says("The last latency test per node and model"),
+    ),
+    protected(
+        Method::POST,
+        "/admin/latency",
+        |m| on(m, latency::run),
+        says("Run latency tests").takes(schema::<latency::Ask>),
+    ),
 ];
 
 /// The admin router, built from [`ROUTES`] only. Protected routes sit behind one

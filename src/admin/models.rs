@@ -33,9 +33,9 @@ use crate::node::{Health, Node};
 use crate::proxy::{model_operation, pull};
 use crate::upstream::Upstream;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PullRequest {
+pub(super) struct PullRequest {
     name: String,
     #[serde(default)]
     nodes: Vec<String>,
@@ -156,18 +156,18 @@ fn judge_digests(mut row: Value) -> Value {
     row
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct DeleteRequest {
+pub(super) struct DeleteRequest {
     name: String,
     /// Nodes to delete it from; none: every node that lists it.
     #[serde(default)]
     nodes: Vec<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct CopyRequest {
+pub(super) struct CopyRequest {
     source: String,
     destination: String,
     /// Nodes to copy on; none: every node that lists the source.

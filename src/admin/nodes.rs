@@ -80,9 +80,9 @@ pub(super) async fn add(State(s): State<AdminState>, body: axum::body::Bytes) ->
 }
 
 /// Fields an operator may change on a running node.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NodePatch {
+pub(super) struct NodePatch {
     enabled: Option<bool>,
     draining: Option<bool>,
     weight: Option<u32>,
@@ -132,9 +132,9 @@ pub(super) async fn delete(State(s): State<AdminState>, Path(name): Path<String>
 }
 
 /// The body of `POST /admin/nodes/{name}/test`, which may be empty.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TestAsk {
+pub(super) struct TestAsk {
     /// Time to first token of this model; none: one timed liveness probe.
     model: Option<String>,
 }

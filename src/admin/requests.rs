@@ -47,7 +47,7 @@ fn given(v: Option<String>) -> Option<String> {
     v.filter(|s| !s.trim().is_empty())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct RequestsQuery {
     since: Option<String>,
     node: Option<String>,
@@ -119,7 +119,7 @@ pub(super) async fn get(State(s): State<AdminState>, Path(id): Path<String>) -> 
     Ok(Json(json!({ "request": row, "attempts": attempts })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct SummaryQuery {
     range: Option<String>,
     by: Option<String>,

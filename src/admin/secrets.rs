@@ -37,9 +37,9 @@ pub(super) async fn list(State(s): State<AdminState>) -> Result<Json<Value>, Adm
     Ok(Json(json!({ "stored": stored, "needed": status, "entries": entries })))
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PutBody {
+pub(super) struct PutBody {
     value: String,
     /// Also bind the key to this origin (a URL).
     #[serde(default)]
@@ -82,9 +82,9 @@ pub(super) async fn put(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BindBody {
+pub(super) struct BindBody {
     /// The origin to confirm (a URL) ...
     #[serde(default)]
     origin: Option<String>,

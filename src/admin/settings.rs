@@ -128,9 +128,9 @@ async fn client_keys(s: &AdminState, boot: &Config) -> Value {
 }
 
 /// A `PUT /admin/settings` body: any subset of the sections, each any subset of its keys.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct SettingsPatch {
+pub(super) struct SettingsPatch {
     listeners: Option<Vec<ListenerPatch>>,
     admin: Option<AdminPatch>,
     health: Option<Value>,
@@ -140,17 +140,17 @@ struct SettingsPatch {
     store: Option<Value>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ListenerPatch {
+pub(super) struct ListenerPatch {
     addr: Option<String>,
     origin: Option<Origin>,
     allowed_origins: Option<Vec<String>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct AdminPatch {
+pub(super) struct AdminPatch {
     addr: Option<String>,
 }
 
@@ -303,9 +303,9 @@ fn note_pending(s: &AdminState, waits: &[&str]) {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct NewKey {
+pub(super) struct NewKey {
     name: String,
     /// Listener indexes that will ask for it (default: every listener).
     #[serde(default)]

@@ -94,9 +94,9 @@ pub(super) async fn metrics(State(s): State<AdminState>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response()
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct Accepting {
+pub(super) struct Accepting {
     accepting: bool,
 }
 

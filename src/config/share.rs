@@ -29,7 +29,7 @@ use super::schema::Config;
 use super::validate::ConfigError;
 
 /// How an imported config combines with the running one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ImportMode {
     /// Add the file's nodes, categories and providers; on a name both have, the fields the

@@ -1,7 +1,8 @@
 //! The proxy listener: Ollama's API and the OpenAI-compatible `/v1` API in front of the cluster.
 //!
-//! A request is read (bounded by `proxy.max_body_bytes`), classified by endpoint, given a
-//! category, and then either answered by the broker itself (`GET /`), fanned out to every
+//! A request is classified by endpoint from the one table of served routes (`routes`, which
+//! `GET /openapi.json` describes too), read (bounded by `proxy.max_body_bytes`), given a
+//! category, and then either answered by the broker itself (`GET /`, `GET /openapi.json`), fanned out to every
 //! serving node and merged (`/api/tags`, `/api/ps`, `/v1/models`), or forwarded to one node
 //! chosen by the category's policy (`forward`). Broker-made errors go through `BrokerError`;
 //! every response carries `X-Request-Id`.
@@ -19,10 +20,12 @@ mod fanout;
 mod forward;
 pub mod idempotency;
 pub mod limits;
+mod openapi;
 mod peek;
 mod readahead;
 mod relay;
 mod resume;
+pub mod routes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +42,7 @@ use crate::telemetry::{status_for, Trace};
 
 pub use forward::Outbound;
 pub use peek::{Named, Peek};
+use routes::{classify, Endpoint};
 
 /// Per-listener state: the shared broker plus what this socket says about its clients.
 #[derive(Clone, Debug)]
@@ -57,28 +61,6 @@ struct ClientName(Option<String>);
 pub fn router(state: ProxyState) -> axum::Router {
     let cors = axum::middleware::from_fn_with_state(Arc::clone(&state.listener), browser::cors);
     axum::Router::new().fallback(handle).layer(cors).with_state(state)
-}
-
-/// What kind of endpoint a request is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    /// `GET|HEAD /`: answered by the broker.
-    Root,
-    /// Needs a node that has the request's model.
-    Model,
-    /// Any serving node will do (`/api/version`).
-    AnyNode,
-    /// Merged across nodes.
-    Tags,
-    Ps,
-    V1Models,
-    /// `GET /v1/models/{model}` (the openai SDK's `models.retrieve`): answered from the merged
-    /// list, like Ollama answers it from its own.
-    V1Model,
-    /// Pull, delete, copy, create: sent to the nodes named in `X-Corral-Node`, or all.
-    ModelOp,
-    /// `HEAD|POST /api/blobs/:digest`: to the nodes a following create goes to.
-    Blob,
 }
 
 /// Whether a request changes what the nodes hold (pull, delete, create, copy, push, blobs):
@@ -102,30 +84,6 @@ fn not_served(method: &Method, path: &str) -> Option<&'static str> {
         ("POST", "/v1/audio/transcriptions") => {
             "its body is a multipart form, and Corral routes by the JSON body's model; call a node directly"
         }
-        _ => return None,
-    })
-}
-
-fn classify(method: &Method, path: &str) -> Option<Endpoint> {
-    use Endpoint::*;
-    let get = method == Method::GET || method == Method::HEAD;
-    let post = method == Method::POST;
-    Some(match path {
-        "/" if get => Root,
-        "/api/version" if get => AnyNode,
-        "/api/status" if method == Method::GET => AnyNode,
-        "/api/tags" if get => Tags,
-        "/api/ps" if get => Ps,
-        "/v1/models" if get => V1Models,
-        "/api/chat" | "/api/generate" | "/api/embed" | "/api/embeddings" | "/api/show" if post => Model,
-        "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings" if post => Model,
-        // Ollama's Responses and Anthropic Messages layers: passed to the node as they came.
-        "/v1/responses" | "/v1/messages" if post => Model,
-        "/api/push" if post => Model,
-        "/api/pull" | "/api/create" | "/api/copy" if post => ModelOp,
-        "/api/delete" if method == Method::DELETE => ModelOp,
-        p if p.starts_with("/api/blobs/") && (post || method == Method::HEAD) => Blob,
-        p if p.starts_with("/v1/models/") && get => V1Model,
         _ => return None,
     })
 }
@@ -251,11 +209,13 @@ fn origin_name(state: &ProxyState) -> &'static str {
 
 /// Serve an admitted request with its record.
 async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<String>) -> (Response, Option<u32>) {
-    // `GET /` and `HEAD /` are clients checking the server is up: not worth a record each.
+    // `GET /` and `HEAD /` are clients checking the server is up, `/openapi.json` a client
+    // reading the description: not worth a record each.
     // Upstreams see the client's id when it sent one, so its trace continues there.
     let upstream_id = client_id.clone().unwrap_or_else(|| id.to_string());
     let path = req.uri().path().to_string();
-    let mut trace = (path != "/").then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
+    let local = classify(req.method(), &path).is_some_and(Endpoint::is_local);
+    let mut trace = (!local).then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => (failed(&state.shared, &mut trace, e, attempts), Some(attempts)),
@@ -309,12 +269,11 @@ async fn serve(
     let config = shared.config();
     let (parts, body) = req.into_parts();
     let endpoint = gate(state, &parts).map_err(|e| (e, 0))?;
-    if !shared.accepting() && endpoint != Endpoint::Root {
-        return Err((BrokerError::Paused, 0));
+    if let Some(answer) = answered_here(endpoint) {
+        return Ok(answer);
     }
-    if endpoint == Endpoint::Root {
-        return Ok((http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
-            .into_response());
+    if !shared.accepting() {
+        return Err((BrokerError::Paused, 0));
     }
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes, config.proxy.body_read_timeout())
         .await
@@ -350,6 +309,18 @@ async fn serve(
             f.response().await.map_err(|e| (e, 0))
         }
     }
+}
+
+/// The answer to an endpoint the broker answers itself ([`Endpoint::is_local`]), paused or not.
+fn answered_here(endpoint: Endpoint) -> Option<Response> {
+    Some(match endpoint {
+        Endpoint::Root => {
+            (http::StatusCode::OK, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], "Ollama is running")
+                .into_response()
+        }
+        Endpoint::OpenApi => openapi::response(),
+        _ => return None,
+    })
 }
 
 /// The body with the category's request limits applied (`limits`); what was clamped goes in
