@@ -155,7 +155,14 @@ impl Broker {
         let store = open_store(&config, &store_cancel, &store_tracker).await?;
         let bus = crate::telemetry::Telemetry::bus();
         registry.on_state_change(crate::telemetry::Telemetry::state_sink(bus.clone()));
-        let telemetry = Arc::new(crate::telemetry::Telemetry::new(store.clone(), bus));
+        let mut telemetry = crate::telemetry::Telemetry::new(store.clone(), bus);
+        // Like the store, the exporter stops last, so the spans of drained requests leave too.
+        if let Some(url) = config.telemetry.traces_url() {
+            let (exporting, task) = telemetry.exporting(url, client.clone(), store_cancel.clone());
+            telemetry = exporting;
+            store_tracker.spawn(task);
+        }
+        let telemetry = Arc::new(telemetry);
         if let Some(store) = store {
             tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
         }

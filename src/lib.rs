@@ -19,6 +19,7 @@ pub mod error;
 pub mod ewma;
 pub mod health;
 pub mod node;
+pub mod otlp;
 pub mod outcome;
 pub mod plan;
 pub mod proxy;

@@ -65,7 +65,7 @@ struct AttemptFailed {
 /// Send `out` to the cluster; the response carries `X-Corral-Node` and `X-Corral-Attempts`.
 pub async fn forward(
     shared: &Arc<Shared>,
-    out: Outbound,
+    mut out: Outbound,
     trace: &mut Option<Trace>,
 ) -> Result<Response, (BrokerError, u32)> {
     let started = Instant::now();
@@ -99,6 +99,10 @@ pub async fn forward(
             t.row.attempts = i64::from(attempt);
             t.row.node = Some(node.name().to_string());
             t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
+            // The node continues the trace as a child of this attempt's span.
+            if let Some(tp) = t.attempt_began(node.name()) {
+                out.headers.insert(crate::otlp::TRACEPARENT, tp);
+            }
         }
         match attempt_once(shared, &config, guard, &out).await {
             Ok(Attempt::Relay(answer, guard)) => {
@@ -127,11 +131,7 @@ pub async fn forward(
                     ticket.excluded.push(Arc::clone(&node));
                 }
                 if let Some(t) = trace.as_mut() {
-                    t.row.failed_attempts.push(crate::store::FailedAttempt {
-                        node: node.name().to_string(),
-                        outcome: f.outcome.name().to_string(),
-                        detail: crate::telemetry::for_record(&f.detail),
-                    });
+                    t.attempt_failed(node.name(), f.outcome.name(), &f.detail);
                 }
                 failures.push((node.name().to_string(), f));
                 // Forced past its open breaker because nothing else could answer: once.

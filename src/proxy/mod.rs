@@ -256,6 +256,9 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let upstream_id = client_id.clone().unwrap_or_else(|| id.to_string());
     let path = req.uri().path().to_string();
     let mut trace = (path != "/").then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
+    if let Some(t) = trace.as_mut() {
+        t.continue_from(req.headers());
+    }
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => (failed(&state.shared, &mut trace, e, attempts), Some(attempts)),
