@@ -26,7 +26,9 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode, ResourceSpans, ScopeSpans, Span, Status};
+use opentelemetry_proto::tonic::trace::v1::{
+    span::SpanKind, status::StatusCode, ResourceSpans, ScopeSpans, Span, Status,
+};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tokio::sync::mpsc;
@@ -294,7 +296,10 @@ fn request_attributes(row: &RequestRow) -> Vec<(&'static str, Value)> {
         ("gen_ai.usage.output_tokens", row.completion_tokens.map(Value::Int)),
         ("corral.fallback.provider", row.fallback.as_deref().map(s)),
         // A model answered in the place of the one asked: a provider's, or a degrade step's.
-        (if row.fallback.is_some() { "corral.fallback.model" } else { "corral.degraded.model" }, row.answered_model.as_deref().map(s)),
+        (
+            if row.fallback.is_some() { "corral.fallback.model" } else { "corral.degraded.model" },
+            row.answered_model.as_deref().map(s),
+        ),
         ("corral.continued_by", row.continued_by.as_deref().map(s)),
     ];
     a.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
@@ -392,7 +397,17 @@ impl Exporter {
         counters: Counters,
         cancel: CancellationToken,
     ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
-        let (tx, rx) = mpsc::channel(QUEUE_REQUESTS);
+        Self::start_with(url, client, counters, cancel, QUEUE_REQUESTS)
+    }
+
+    fn start_with(
+        url: String,
+        client: reqwest::Client,
+        counters: Counters,
+        cancel: CancellationToken,
+        queue: usize,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (tx, rx) = mpsc::channel(queue);
         let post = Post { url, client, counters: counters.clone(), healthy: true };
         (Self { tx, counters }, run(rx, post, cancel))
     }
@@ -584,6 +599,63 @@ mod tests {
         ] {
             assert_eq!(Parent::parse(bad), None, "{bad:?} is not a traceparent");
         }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_without_waiting() {
+        let counters = Counters::default();
+        let cancel = CancellationToken::new();
+        // The task is never run: nothing drains the queue of one.
+        let (e, _task) = Exporter::start_with(
+            "http://127.0.0.1:9/v1/traces".into(),
+            reqwest::Client::new(),
+            counters.clone(),
+            cancel,
+            1,
+        );
+        let mut live = Live::new();
+        live.attempt_began("gpu0", None);
+        let spans = live.finish(&RequestRow { status: "ok".into(), ..RequestRow::default() }).expect("sampled");
+        for _ in 0..3 {
+            e.offer(spans.clone());
+        }
+        let full = counters.dropped.get_or_create(&DropLabels { reason: "queue_full".into() }).get();
+        assert_eq!(full, 4, "two requests of two spans each found the queue full");
+    }
+
+    #[test]
+    fn an_unsampled_parent_exports_nothing_but_is_passed_on() {
+        let mut live = Live::new();
+        live.continue_from(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"));
+        let sent = live.attempt_began("gpu0", None);
+        assert!(sent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && sent.ends_with("-00"), "{sent}");
+        assert!(live.finish(&RequestRow::default()).is_none(), "the client chose not to sample this trace");
+    }
+
+    #[test]
+    fn attempts_are_children_of_the_request_and_the_last_one_answered() {
+        let mut live = Live::new();
+        live.continue_from(Some("bogus"));
+        live.attempt_began("n0", None);
+        live.attempt_failed("failed", "HTTP 500");
+        live.attempt_began("n1", Some("llama3.2:1b".into()));
+        let row = RequestRow {
+            status: "ok".into(),
+            endpoint: "/api/chat".into(),
+            completion_tokens: Some(12),
+            answered_model: Some("llama3.2:1b".into()),
+            ..RequestRow::default()
+        };
+        let r = live.finish(&row).expect("sampled");
+        assert_eq!(r.request.parent, None, "an invalid traceparent starts a fresh trace");
+        assert!(r.attempts.iter().all(|a| a.parent == Some(r.request.span_id)));
+        let outcome = |s: &SpanData| s.attributes.iter().find(|(k, _)| *k == "corral.outcome").map(|(_, v)| v.clone());
+        assert_eq!(outcome(&r.attempts[0]), Some(Value::Str("failed".into())));
+        assert_eq!(r.attempts[0].error.as_deref(), Some("failed: HTTP 500"));
+        assert_eq!(outcome(&r.attempts[1]), Some(Value::Str("success".into())));
+        assert!(r.attempts[1].attributes.contains(&("gen_ai.usage.output_tokens", Value::Int(12))));
+        assert!(r.attempts[1].attributes.contains(&("corral.degraded.model", Value::Str("llama3.2:1b".into()))));
+        assert!(r.request.attributes.contains(&("corral.degraded.model", Value::Str("llama3.2:1b".into()))));
     }
 
     #[test]
