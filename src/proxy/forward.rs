@@ -95,14 +95,7 @@ pub async fn forward(
         let estimate = guard.estimate();
         ticket.tried.push(Arc::clone(&node));
         if let Some(t) = trace.as_mut() {
-            t.mark_dispatched();
-            t.row.attempts = i64::from(attempt);
-            t.row.node = Some(node.name().to_string());
-            t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
-            // The node continues the trace as a child of this attempt's span.
-            if let Some(tp) = t.attempt_began(node.name()) {
-                out.headers.insert(crate::otlp::TRACEPARENT, tp);
-            }
+            dispatched(t, &mut out, node.name(), attempt, estimate);
         }
         match attempt_once(shared, &config, guard, &out).await {
             Ok(Attempt::Relay(answer, guard)) => {
@@ -143,6 +136,18 @@ pub async fn forward(
     }
     let attempts = failures.len() as u32;
     Err((summarize(&failures, out.model.as_deref()), attempts))
+}
+
+/// Attempt number `attempt` goes to `node`: the record says so, and when traces are exported
+/// the node is sent the attempt's span as its `traceparent`, so it continues the trace under it.
+fn dispatched(t: &mut Trace, out: &mut Outbound, node: &str, attempt: u32, estimate: Option<Duration>) {
+    t.mark_dispatched();
+    t.row.attempts = i64::from(attempt);
+    t.row.node = Some(node.to_string());
+    t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
+    if let Some(tp) = t.attempt_began(node) {
+        out.headers.insert(crate::otlp::TRACEPARENT, tp);
+    }
 }
 
 /// Whether attempt number `attempt` may go ahead, after its backoff: the retry budget must
