@@ -118,6 +118,24 @@ fn spawn_probes(
     Ok(())
 }
 
+/// The broker's telemetry; with `[telemetry] otlp_endpoint`, exporting traces through a task
+/// that, like the store's writer, stops last, so the spans of drained requests leave too.
+fn telemetry_for(
+    config: &Config,
+    store: Option<crate::store::Store>,
+    bus: tokio::sync::broadcast::Sender<crate::telemetry::Event>,
+    client: &reqwest::Client,
+    cancel: &CancellationToken,
+    tracker: &TaskTracker,
+) -> Arc<crate::telemetry::Telemetry> {
+    let telemetry = crate::telemetry::Telemetry::new(store, bus);
+    let Some(url) = config.telemetry.traces_url() else { return Arc::new(telemetry) };
+    tracing::info!(url = %crate::config::redacted_url(&url), "exporting traces (OTLP/HTTP)");
+    let (telemetry, task) = telemetry.exporting(url, client.clone(), cancel.clone());
+    tracker.spawn(task);
+    Arc::new(telemetry)
+}
+
 impl Broker {
     pub async fn start(config: Config, options: StartOptions) -> Result<Self, StartError> {
         if let Some(t) = &options.admin_token {
@@ -155,7 +173,7 @@ impl Broker {
         let store = open_store(&config, &store_cancel, &store_tracker).await?;
         let bus = crate::telemetry::Telemetry::bus();
         registry.on_state_change(crate::telemetry::Telemetry::state_sink(bus.clone()));
-        let telemetry = Arc::new(crate::telemetry::Telemetry::new(store.clone(), bus));
+        let telemetry = telemetry_for(&config, store.clone(), bus, &client, &store_cancel, &store_tracker);
         if let Some(store) = store {
             tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
         }

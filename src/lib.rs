@@ -20,6 +20,7 @@ pub mod ewma;
 pub mod health;
 pub mod node;
 pub mod openapi;
+pub mod otlp;
 pub mod outcome;
 pub mod plan;
 pub mod proxy;

@@ -39,6 +39,7 @@ pub const RESTART_KEYS: &[(&str, &str)] = &[
     ("proxy.connect_timeout_ms", "the node HTTP client is built at start"),
     ("proxy.header_read_timeout_ms", "the listeners' connection settings are fixed at start"),
     ("proxy.stream_buffer_total_bytes", "the read-ahead memory bound is set at start"),
+    ("telemetry.otlp_endpoint", "the trace exporter is started with the broker and flushed at shutdown"),
 ];
 
 /// The keys of `RESTART_KEYS` whose values differ between `running` and `next`.
@@ -50,6 +51,7 @@ pub fn restart_needed(running: &Config, next: &Config) -> Vec<&'static str> {
         running.proxy.connect_timeout_ms != next.proxy.connect_timeout_ms,
         running.proxy.header_read_timeout_ms != next.proxy.header_read_timeout_ms,
         running.proxy.stream_buffer_total_bytes != next.proxy.stream_buffer_total_bytes,
+        running.telemetry != next.telemetry,
     ];
     RESTART_KEYS.iter().zip(differs).filter(|(_, d)| *d).map(|((k, _), _)| *k).collect()
 }
@@ -210,6 +212,7 @@ impl Shared {
             to_write.store = on_disk.store;
             to_write.proxy.connect_timeout_ms = on_disk.proxy.connect_timeout_ms;
             to_write.proxy.header_read_timeout_ms = on_disk.proxy.header_read_timeout_ms;
+            to_write.telemetry = on_disk.telemetry;
         }
         crate::config::write_into(path, &to_write)
     }

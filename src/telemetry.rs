@@ -9,6 +9,9 @@
 //! - One `Trace` per request: it fills in the request's row as the request moves along, and
 //!   when it ends (or is dropped: the client left) it is judged once and fans out to the store,
 //!   the metrics, the bus, and one structured `tracing` event with the same fields as the row.
+//! - With `[telemetry] otlp_endpoint`, the same trace as OpenTelemetry spans (`crate::otlp`): a
+//!   span for the request and one per attempt (`Trace::attempt_began` / `attempt_failed`),
+//!   handed to the exporter when the trace is judged; without it, each hook is one branch.
 
 use std::sync::Arc;
 
@@ -115,6 +118,7 @@ struct Metrics {
     store_dropped: Gauge,
     unauthenticated: Counter,
     fallback_share: Gauge<f64, std::sync::atomic::AtomicU64>,
+    otlp: crate::otlp::Counters,
 }
 
 impl Metrics {
@@ -162,6 +166,7 @@ impl Metrics {
         registry.register("node_state", "1 for the state each node is in", node_state.clone());
         registry.register("queue_depth", "Requests waiting for a free node", queue_depth.clone());
         let speed = SpeedGauges::register(&mut registry);
+        let otlp = crate::otlp::Counters::register(&mut registry);
         registry.register(
             "store_dropped_records",
             "Request records dropped because the store writer fell behind",
@@ -183,6 +188,7 @@ impl Metrics {
             store_dropped,
             unauthenticated,
             fallback_share,
+            otlp,
         }
     }
 }
@@ -245,6 +251,8 @@ pub struct Telemetry {
     fallback_share: std::sync::Mutex<crate::cloud::share::Window>,
     /// Unauthenticated rejections recorded in the current second: (second, count).
     unauthenticated: std::sync::Mutex<(i64, u32)>,
+    /// Where finished traces go as OTLP spans, when `[telemetry] otlp_endpoint` is set.
+    exporter: Option<crate::otlp::Exporter>,
 }
 
 /// Unauthenticated rejections recorded row by row per second; the rest are only counted.
@@ -283,7 +291,22 @@ impl Telemetry {
             store,
             fallback_share: std::sync::Mutex::new(share),
             unauthenticated: std::sync::Mutex::new((0, 0)),
+            exporter: None,
         }
+    }
+
+    /// This telemetry exporting every trace's spans to `url` (an OTLP/HTTP `…/v1/traces`)
+    /// through `client`, and the exporter's task, to be spawned: it sends until `cancel`, then
+    /// flushes what is queued.
+    pub fn exporting(
+        mut self,
+        url: String,
+        client: reqwest::Client,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> (Self, impl std::future::Future<Output = ()> + Send + 'static) {
+        let (exporter, task) = crate::otlp::Exporter::start(url, client, self.metrics.otlp.clone(), cancel);
+        self.exporter = Some(exporter);
+        (self, task)
     }
 
     /// Count one request refused for its client key; `true` while it may also be recorded
@@ -358,6 +381,7 @@ impl Telemetry {
                 ..RequestRow::default()
             },
             done: false,
+            spans: self.exporter.as_ref().map(|_| Box::new(crate::otlp::Live::new())),
         }
     }
 
@@ -396,6 +420,12 @@ impl Telemetry {
             tracing::error!(error = %e, "cannot encode metrics");
         }
         out
+    }
+
+    fn export(&self, spans: crate::otlp::RequestSpans) {
+        if let Some(e) = &self.exporter {
+            e.offer(spans);
+        }
     }
 
     fn finish(&self, row: RequestRow) {
@@ -482,6 +512,8 @@ pub struct Trace {
     started: Instant,
     pub row: RequestRow,
     done: bool,
+    /// The request's OpenTelemetry spans in the making; `None` unless exporting.
+    spans: Option<Box<crate::otlp::Live>>,
 }
 
 impl std::fmt::Debug for Trace {
@@ -504,6 +536,34 @@ impl Trace {
 
     pub fn mark_first_byte(&mut self) {
         self.row.ttfb_ms = Some(self.elapsed_ms());
+    }
+
+    /// Continue the trace the client's `traceparent` names (W3C), when it sent a valid one.
+    pub fn continue_from(&mut self, headers: &http::HeaderMap) {
+        if let Some(s) = self.spans.as_mut() {
+            s.continue_from(headers.get(crate::otlp::TRACEPARENT).and_then(|v| v.to_str().ok()));
+        }
+    }
+
+    /// An attempt on `node` begins; when exporting, the `traceparent` to send the node (its
+    /// attempt span, a child of the request's).
+    pub fn attempt_began(&mut self, node: &str) -> Option<http::HeaderValue> {
+        let s = self.spans.as_mut()?;
+        // The model a degrade step asked for (a provider answers only after the attempts).
+        let degraded = self.row.answered_model.clone();
+        http::HeaderValue::from_str(&s.attempt_began(node, degraded)).ok()
+    }
+
+    /// The attempt on `node` ended without an answer (`outcome`: an `Outcome` name).
+    pub fn attempt_failed(&mut self, node: &str, outcome: &str, detail: &str) {
+        self.row.failed_attempts.push(crate::store::FailedAttempt {
+            node: node.to_string(),
+            outcome: outcome.to_string(),
+            detail: for_record(detail),
+        });
+        if let Some(s) = self.spans.as_mut() {
+            s.attempt_failed(outcome, &for_record(detail));
+        }
     }
 
     /// Judge the request: `status` is ok | client_error | error | interrupted | cancelled.
@@ -544,6 +604,9 @@ impl Trace {
         self.row.interrupted = status == "interrupted";
         self.row.model = for_record(&self.row.model);
         self.row.category = for_record(&self.row.category);
+        if let Some(spans) = self.spans.take().and_then(|s| s.finish(&self.row)) {
+            self.telemetry.export(spans);
+        }
         self.telemetry.finish(std::mem::take(&mut self.row));
     }
 }

@@ -143,6 +143,11 @@ async fn keys_bound_at_start_are_reported_as_needing_a_restart() {
     let s = w.broker.shared().reload.lock().map(|s| s.clone()).expect("status");
     assert_eq!(s.pending_restart, vec!["proxy.connect_timeout_ms".to_string()]);
     assert_ne!(w.broker.config().proxy.connect_timeout_ms, 1234, "the running value stays until a restart");
+    // The trace exporter is started with the broker: a new collector waits for a restart too.
+    w.edit("[proxy]\nconnect_timeout_ms = 1234\n\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n").await;
+    let s = w.broker.shared().reload.lock().map(|s| s.clone()).expect("status");
+    assert_eq!(s.pending_restart, ["proxy.connect_timeout_ms", "telemetry.otlp_endpoint"]);
+    assert_eq!(w.broker.config().telemetry.otlp_endpoint, None, "not exporting until a restart");
     w.broker.shutdown().await;
 }
 

@@ -269,6 +269,7 @@ fn with_bound(next: &Config, boot: &Config) -> Config {
     c.store = boot.store.clone();
     c.proxy.connect_timeout_ms = boot.proxy.connect_timeout_ms;
     c.proxy.header_read_timeout_ms = boot.proxy.header_read_timeout_ms;
+    c.telemetry = boot.telemetry.clone();
     c
 }
 

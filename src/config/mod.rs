@@ -143,11 +143,12 @@ impl Config {
                 "queue" => section(&locator, path, value, &mut problems, &mut config.queue),
                 "store" => section(&locator, path, value, &mut problems, &mut config.store),
                 "alerts" => section(&locator, path, value, &mut problems, &mut config.alerts),
+                "telemetry" => section(&locator, path, value, &mut problems, &mut config.telemetry),
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
                     message:
-                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts"
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts, telemetry"
                             .into(),
                 }),
             }

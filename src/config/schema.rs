@@ -30,6 +30,7 @@ pub struct Config {
     pub queue: QueueConfig,
     pub store: StoreConfig,
     pub alerts: AlertsConfig,
+    pub telemetry: TelemetryConfig,
 }
 
 impl Default for Config {
@@ -47,6 +48,7 @@ impl Default for Config {
             queue: QueueConfig::default(),
             store: StoreConfig::default(),
             alerts: AlertsConfig::default(),
+            telemetry: TelemetryConfig::default(),
         }
     }
 }
@@ -514,6 +516,23 @@ pub struct BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self { failures_to_open: 5, cooldown_ms: 10_000, trial_requests: 2 }
+    }
+}
+
+/// Exporting traces (`[telemetry]`). Off unless `otlp_endpoint` is set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// An OTLP/HTTP collector's base URL (`http://127.0.0.1:4318`): spans are POSTed as
+    /// protobuf to `{otlp_endpoint}/v1/traces`. Read at start (`state::RESTART_KEYS`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl TelemetryConfig {
+    /// Where spans are POSTed: the endpoint with `/v1/traces` after its path.
+    pub fn traces_url(&self) -> Option<String> {
+        self.otlp_endpoint.as_ref().map(|e| format!("{}/v1/traces", e.trim_end_matches('/')))
     }
 }
 

@@ -83,6 +83,7 @@ impl Config {
         nonzero(self, &mut out);
         connections(self, &mut out);
         alerts(self, &mut out);
+        telemetry(self, &mut out);
         retry(self, &mut out);
         out
     }
@@ -466,6 +467,24 @@ fn alerts(c: &Config, out: &mut Found) {
     }
 }
 
+/// `[telemetry]`: the collector is an http(s) URL with a host that `/v1/traces` can follow.
+fn telemetry(c: &Config, out: &mut Found) {
+    let Some(e) = &c.telemetry.otlp_endpoint else { return };
+    let path = "telemetry.otlp_endpoint";
+    match url::Url::parse(e) {
+        Ok(u) if !matches!(u.scheme(), "http" | "https") || u.host().is_none() => push(
+            out,
+            path,
+            format!("\"{e}\" must be an http:// or https:// URL with a host (got scheme {})", u.scheme()),
+        ),
+        Ok(u) if u.query().is_some() || u.fragment().is_some() => {
+            push(out, path, format!("\"{e}\" must not have a query or fragment: /v1/traces is appended to it"))
+        }
+        Ok(_) => {}
+        Err(err) => push(out, path, format!("\"{e}\" is not a URL: {err}")),
+    }
+}
+
 /// `[retry]`: the budget is a ratio and the backoff cap is not below its base.
 fn retry(c: &Config, out: &mut Found) {
     if !(0.0..=1.0).contains(&c.retry.budget_ratio) {
@@ -724,5 +743,22 @@ mod tests {
         );
         let remote = crate::config::ListenerConfig { origin: crate::config::Origin::Remote, ..Default::default() };
         assert!(!remote.allows_model_ops(), "a remote listener runs no model operations unless it says so");
+    }
+
+    #[test]
+    fn an_otlp_endpoint_is_an_http_url_that_v1_traces_can_follow() {
+        let check = |e: &str| {
+            let c = Config::parse(&format!("[telemetry]\notlp_endpoint = \"{e}\"\n"));
+            c.err().map(|e| e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect::<Vec<_>>())
+        };
+        assert_eq!(check("http://127.0.0.1:4318"), None, "a collector on loopback is fine");
+        assert_eq!(check("https://otel.example/base/"), None, "a path prefix is kept");
+        for bad in ["grpc://127.0.0.1:4317", "127.0.0.1:4318", "http://x/?a=1", "not a url"] {
+            let got = check(bad).unwrap_or_default();
+            assert!(got.iter().any(|p| p.starts_with("telemetry.otlp_endpoint")), "{bad} is refused: {got:?}");
+        }
+        let c = Config::parse("[telemetry]\notlp_endpoint = \"http://c:4318/otlp/\"\n").expect("valid");
+        assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://c:4318/otlp/v1/traces"));
+        assert_eq!(Config::default().telemetry.traces_url(), None, "off by default");
     }
 }

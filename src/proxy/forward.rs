@@ -65,7 +65,7 @@ struct AttemptFailed {
 /// Send `out` to the cluster; the response carries `X-Corral-Node` and `X-Corral-Attempts`.
 pub async fn forward(
     shared: &Arc<Shared>,
-    out: Outbound,
+    mut out: Outbound,
     trace: &mut Option<Trace>,
 ) -> Result<Response, (BrokerError, u32)> {
     let started = Instant::now();
@@ -95,7 +95,7 @@ pub async fn forward(
         let estimate = guard.estimate();
         ticket.tried.push(Arc::clone(&node));
         if let Some(t) = trace.as_mut() {
-            dispatched(t, attempt, &node, estimate);
+            dispatched(t, &mut out, node.name(), attempt, estimate);
         }
         match attempt_once(shared, &config, guard, &out).await {
             Ok(Attempt::Relay(answer, guard)) => {
@@ -124,11 +124,7 @@ pub async fn forward(
                     ticket.excluded.push(Arc::clone(&node));
                 }
                 if let Some(t) = trace.as_mut() {
-                    t.row.failed_attempts.push(crate::store::FailedAttempt {
-                        node: node.name().to_string(),
-                        outcome: f.outcome.name().to_string(),
-                        detail: crate::telemetry::for_record(&f.detail),
-                    });
+                    t.attempt_failed(node.name(), f.outcome.name(), &f.detail);
                 }
                 failures.push((node.name().to_string(), f));
                 // Forced past its open breaker because nothing else could answer: once.
@@ -140,6 +136,18 @@ pub async fn forward(
     }
     let attempts = failures.len() as u32;
     Err((summarize(&failures, out.model.as_deref()), attempts))
+}
+
+/// Attempt number `attempt` goes to `node`: the record says so, and when traces are exported
+/// the node is sent the attempt's span as its `traceparent`, so it continues the trace under it.
+fn dispatched(t: &mut Trace, out: &mut Outbound, node: &str, attempt: u32, estimate: Option<Duration>) {
+    t.mark_dispatched();
+    t.row.attempts = i64::from(attempt);
+    t.row.node = Some(node.to_string());
+    t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
+    if let Some(tp) = t.attempt_began(node) {
+        out.headers.insert(crate::otlp::TRACEPARENT, tp);
+    }
 }
 
 /// Whether attempt number `attempt` may go ahead, after its backoff: the retry budget must
@@ -233,14 +241,6 @@ fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
     }
     h.insert("x-corral-attempts", HeaderValue::from(attempt));
     resp
-}
-
-/// The record of attempt `attempt` leaving for `node` (with fastest-finish's estimate).
-fn dispatched(t: &mut Trace, attempt: u32, node: &Node, estimate: Option<Duration>) {
-    t.mark_dispatched();
-    t.row.attempts = i64::from(attempt);
-    t.row.node = Some(node.name().to_string());
-    t.row.estimate_ms = estimate.map(|e| e.as_millis() as i64);
 }
 
 /// `resp` with `fastest-finish`'s estimate of the request's time (from arrival), when it made one.

@@ -216,6 +216,9 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let path = req.uri().path().to_string();
     let local = classify(req.method(), &path).is_some_and(Endpoint::is_local);
     let mut trace = (!local).then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
+    if let Some(t) = trace.as_mut() {
+        t.continue_from(req.headers());
+    }
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
         Err((e, attempts)) => (failed(&state.shared, &mut trace, e, attempts), Some(attempts)),

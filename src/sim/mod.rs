@@ -215,6 +215,8 @@ pub struct Received {
     pub model: Option<String>,
     pub host: Option<String>,
     pub request_id: Option<String>,
+    /// The W3C `traceparent` sent, if any (the broker's attempt span when it exports traces).
+    pub traceparent: Option<String>,
     /// The bearer token sent, if any (cloud sims check it).
     pub bearer: Option<String>,
     /// The body as received; kept by cloud sims only.

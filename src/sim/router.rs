@@ -76,6 +76,7 @@ fn record(s: &Shared, headers: &HeaderMap, call: &Incoming) {
         model: call.model.clone(),
         host: header("host"),
         request_id: header("x-request-id"),
+        traceparent: header("traceparent"),
         bearer: header("authorization").and_then(|a| a.strip_prefix("Bearer ").map(str::to_string)),
         body: s.spec.cloud.then(|| String::from_utf8_lossy(&call.body).into_owned()),
     });
