@@ -49,6 +49,9 @@ async fn help_describes_the_running_config() {
     assert_eq!(help["queue"]["max_requests"], config.queue.max_requests);
     assert_eq!(help["nodes"].as_array().map(Vec::len), Some(2));
     assert!(help["request_headers"]["X-Corral-Category"].is_string());
+    assert_eq!(help["help_schema"], corral::proxy::discover::HELP_SCHEMA, "its own schema version");
+    assert_ne!(help["help_schema"], help["version"], "the schema version is not Corral's version");
+    assert_eq!(help["openapi"], "/openapi.json", "/help links the OpenAPI document");
     let restart: Vec<&str> = help["config_reload"]["restart_keys"]
         .as_array()
         .expect("restart keys")
