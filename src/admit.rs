@@ -140,6 +140,13 @@ impl Admission {
         self.lock().waiters.len()
     }
 
+    /// Requests waiting right now, by the origin of the listener they came in through:
+    /// `(local, remote)`.
+    pub fn depth_by_origin(&self) -> (usize, usize) {
+        let q = self.lock();
+        (q.waiters.len().saturating_sub(q.remote), q.remote)
+    }
+
     /// Body bytes waiting right now.
     pub fn queued_bytes(&self) -> usize {
         self.lock().bytes

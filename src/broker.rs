@@ -190,6 +190,7 @@ impl Broker {
         ));
         let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
         shared.set_front(proxy_addrs.iter().map(|a| format!("http://{a}")).collect(), options.demo);
+        shared.set_admin_addr(admin_addr);
         if let Some(path) = options.config_path {
             shared.set_config_file(path.clone());
             match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {

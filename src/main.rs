@@ -57,6 +57,7 @@ async fn run(command: Command) -> ExitCode {
             cmd::drill::run(args).await
         }
         Command::Completions { shell } => cmd::status::completions(shell),
+        Command::Man { out_dir } => cmd::man::run(out_dir.as_deref()),
         Command::Demo { port, nodes, admin_port, db } => cmd::demo::run(port, nodes, admin_port, db).await,
         Command::Sim { port, nodes, models, tps, ttft_ms, load_ms, parallel, max_queue, cloud, api_key, echo } => {
             let spec = SimSpec {

@@ -95,6 +95,8 @@ pub struct Shared {
     /// Where clients reach the proxy (`http://addr` per listener, as bound) and whether the
     /// nodes are simulated: what the UI tells a person to point clients at.
     front: std::sync::OnceLock<(Vec<String>, bool)>,
+    /// The admin listener's address as bound (for discovery's admin URL).
+    admin_at: std::sync::OnceLock<std::net::SocketAddr>,
     /// The file the config came from (and is watched), where runtime edits are written too.
     file: std::sync::OnceLock<std::path::PathBuf>,
     /// Held from writing an edit to the file until it is in force, so two edits at once
@@ -158,6 +160,7 @@ impl Shared {
             recent: Arc::default(),
             accepting: AtomicBool::new(true),
             front: std::sync::OnceLock::new(),
+            admin_at: std::sync::OnceLock::new(),
             file: std::sync::OnceLock::new(),
             edits: std::sync::Mutex::new(()),
             seed,
@@ -183,6 +186,16 @@ impl Shared {
     /// The proxy URLs clients should use, and whether the nodes are simulated.
     pub fn front(&self) -> (&[String], bool) {
         self.front.get().map_or((&[][..], false), |(u, d)| (u.as_slice(), *d))
+    }
+
+    /// Record the admin listener's address as bound (once, at start).
+    pub fn set_admin_addr(&self, addr: std::net::SocketAddr) {
+        let _ = self.admin_at.set(addr);
+    }
+
+    /// The admin listener's address as bound; `None` before the listeners are up.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin_at.get().copied()
     }
 
     /// Taken by an edit while it writes the file and swaps the config in.

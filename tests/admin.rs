@@ -49,6 +49,9 @@ async fn help_describes_the_running_config() {
     assert_eq!(help["queue"]["max_requests"], config.queue.max_requests);
     assert_eq!(help["nodes"].as_array().map(Vec::len), Some(2));
     assert!(help["request_headers"]["X-Corral-Category"].is_string());
+    assert_eq!(help["help_schema"], corral::proxy::discover::HELP_SCHEMA, "its own schema version");
+    assert_ne!(help["help_schema"], help["version"], "the schema version is not Corral's version");
+    assert_eq!(help["openapi"], "/openapi.json", "/help links the OpenAPI document");
     let restart: Vec<&str> = help["config_reload"]["restart_keys"]
         .as_array()
         .expect("restart keys")
@@ -57,6 +60,9 @@ async fn help_describes_the_running_config() {
         .collect();
     let expected: Vec<&str> = corral::state::RESTART_KEYS.iter().map(|(k, _)| *k).collect();
     assert_eq!(restart, expected, "/help names exactly the keys that wait for a restart");
+    let proxy = help["proxy"]["endpoints"].as_array().expect("proxy endpoints");
+    assert_eq!(proxy.len(), corral::proxy::routes::ROUTES.len(), "every proxy route, from the table it dispatches by");
+    assert!(proxy.iter().any(|e| e.as_str().is_some_and(|e| e.starts_with("POST /v1/messages: "))));
     let endpoints = help["admin"]["endpoints"].as_array().expect("endpoints");
     assert_eq!(endpoints.len(), corral::admin::ROUTES.len(), "every admin route, from the one table");
     assert!(endpoints.iter().any(|e| e == "POST /admin/providers/{name}/test"));

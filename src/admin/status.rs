@@ -132,6 +132,16 @@ fn connect(s: &AdminState) -> Value {
     })
 }
 
+/// The proxy part of `/help`: its listeners, endpoints and the APIs it speaks.
+fn proxy_help(config: &crate::config::Config) -> Value {
+    json!({
+        "listeners": config.listeners,
+        // From the table the proxy dispatches by: "METHOD /path: what it does".
+        "endpoints": crate::proxy::routes::ROUTES.iter().map(|r| format!("{} {}: {}", r.method, r.path, r.summary)).collect::<Vec<_>>(),
+        "apis": crate::proxy::discover::APIS,
+    })
+}
+
 /// The admin part of `/help`, from the one route table.
 fn admin_help(config: &crate::config::Config) -> Value {
     let (public, protected): (Vec<&super::Route>, Vec<&super::Route>) =
@@ -168,16 +178,12 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
     Json(json!({
         "service": "corral",
         "version": env!("CARGO_PKG_VERSION"),
+        // The version of this document's shape, apart from Corral's: a client reading `/help`
+        // needs to change only when it changes.
+        "help_schema": crate::proxy::discover::HELP_SCHEMA,
+        "openapi": "/openapi.json",
         "what": "One endpoint in front of a cluster of Ollama nodes: speaks the Ollama API and the OpenAI-compatible /v1 API, picks a node per request, fails over, and queues fairly.",
-        "proxy": {
-            "listeners": config.listeners,
-            "endpoints": [
-                "GET /", "HEAD /", "GET /api/version", "GET /api/tags (union of every node's models; entries list their nodes)",
-                "GET /api/ps (union, each entry names its node)", "POST /api/show", "POST /api/chat", "POST /api/generate",
-                "POST /api/embed", "POST /api/embeddings", "POST /api/pull, POST /api/create, POST /api/copy, DELETE /api/delete (to the nodes in X-Corral-Node, or all)",
-                "POST /api/push", "POST|HEAD /api/blobs/{digest}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
-            ],
-        },
+        "proxy": proxy_help(&config),
         "admin": admin_help(&config),
         "config_reload": {
             "applies": "a config file save, an admin edit or an import applies every key at once, except those below",

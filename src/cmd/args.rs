@@ -73,6 +73,12 @@ pub enum Command {
     },
     /// Shell completions, generated from this CLI's own definition.
     Completions { shell: clap_complete::Shell },
+    /// The manual page in roff, generated from this CLI's own definition (`corral man | man -l -`).
+    Man {
+        /// Write corral.1 and one page per command (corral-serve.1, ...) into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<PathBuf>,
+    },
     /// Broker in front of simulated nodes on loopback: the zero-setup way to try Corral.
     Demo {
         /// Proxy port.

@@ -16,6 +16,7 @@ pub mod config;
 pub mod demo;
 pub mod drill;
 pub mod history;
+pub mod man;
 pub mod models;
 pub mod report;
 pub mod secret;

@@ -16,6 +16,7 @@
 pub mod browser;
 mod context;
 pub mod degrade;
+pub mod discover;
 mod fanout;
 mod forward;
 pub mod idempotency;
@@ -168,24 +169,14 @@ fn client_request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
-async fn handle(State(state): State<ProxyState>, mut req: Request) -> Response {
+async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
     // Corral's own id keys the record; the client's is echoed beside it.
     let id = uuid::Uuid::new_v4().to_string();
     let client_id = client_request_id(req.headers());
-    let (mut response, attempts) = match authenticate(&state, req.headers_mut()) {
-        Ok(client) => {
-            tracing::debug!(request_id = %id, client = client.as_deref().unwrap_or(""), "admitted");
-            req.extensions_mut().insert(ClientName(client));
-            traced(&state, req, &id, client_id.clone()).await
-        }
-        // Counted always; recorded only at a bounded rate, so unauthenticated traffic cannot
-        // fill the store.
-        Err(e) if !state.shared.telemetry.note_unauthenticated() => (e.into_response(), None),
-        Err(e) => {
-            let trace = state.shared.telemetry.begin(&id, req.uri().path(), origin_name(&state), client_id.clone());
-            trace.finish("client_error", Some(e.status().as_u16()), Some(e.code()));
-            (e.into_response(), None)
-        }
+    // Discovery (`/.well-known/corral`, `/status`) answers before the client key: see `discover`.
+    let (mut response, attempts) = match discover::answer(&state, &req) {
+        Some(answer) => (answer, None),
+        None => admitted(&state, req, &id, client_id.clone()).await,
     };
     let h = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(client_id.as_deref().unwrap_or(&id)) {
@@ -198,6 +189,30 @@ async fn handle(State(state): State<ProxyState>, mut req: Request) -> Response {
         h.insert("x-corral-attempts", HeaderValue::from(n));
     }
     response
+}
+
+/// A request past discovery: its client key checked, then served with its record.
+async fn admitted(
+    state: &ProxyState,
+    mut req: Request,
+    id: &str,
+    client_id: Option<String>,
+) -> (Response, Option<u32>) {
+    match authenticate(state, req.headers_mut()) {
+        Ok(client) => {
+            tracing::debug!(request_id = %id, client = client.as_deref().unwrap_or(""), "admitted");
+            req.extensions_mut().insert(ClientName(client));
+            traced(state, req, id, client_id).await
+        }
+        // Counted always; recorded only at a bounded rate, so unauthenticated traffic cannot
+        // fill the store.
+        Err(e) if !state.shared.telemetry.note_unauthenticated() => (e.into_response(), None),
+        Err(e) => {
+            let trace = state.shared.telemetry.begin(id, req.uri().path(), origin_name(state), client_id);
+            trace.finish("client_error", Some(e.status().as_u16()), Some(e.code()));
+            (e.into_response(), None)
+        }
+    }
 }
 
 fn origin_name(state: &ProxyState) -> &'static str {

@@ -217,6 +217,7 @@ fn answer(route: &Route) -> (&'static str, Option<&'static str>) {
     match route.endpoint {
         Endpoint::Root => ("`Ollama is running`", Some("text/plain")),
         Endpoint::OpenApi => ("This document", Some("application/json")),
+        Endpoint::Discovery => ("Answered by Corral, no client key needed (see /help)", Some("application/json")),
         Endpoint::Model if route.path.starts_with("/v1/") => {
             ("The node's answer; server-sent events when streamed", Some("application/json"))
         }

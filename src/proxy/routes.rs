@@ -20,6 +20,9 @@ pub enum Endpoint {
     Root,
     /// `GET /openapi.json`: this listener's OpenAPI description, answered by the broker.
     OpenApi,
+    /// `GET /.well-known/corral` and `GET /status` (`proxy::discover`): answered by the broker
+    /// before the client key check.
+    Discovery,
     /// Needs a node that has the request's model.
     Model,
     /// Any serving node will do (`/api/version`).
@@ -41,7 +44,7 @@ impl Endpoint {
     /// Answered by the broker itself from what it knows: no node, no body, no record (clients
     /// poll these), and served while the broker is paused.
     pub fn is_local(self) -> bool {
-        matches!(self, Endpoint::Root | Endpoint::OpenApi)
+        matches!(self, Endpoint::Root | Endpoint::OpenApi | Endpoint::Discovery)
     }
 }
 
@@ -107,6 +110,18 @@ pub static ROUTES: &[Route] = &[
     route(Method::POST, "/api/copy", ModelOp, "Copy a model on the nodes that have it"),
     route(Method::DELETE, "/api/delete", ModelOp, "Delete a model from the nodes that have it"),
     route(Method::GET, "/openapi.json", OpenApi, "This document: the proxy listener's OpenAPI 3.1 description"),
+    route(
+        Method::GET,
+        "/.well-known/corral",
+        Discovery,
+        "Discovery: name, version, the proxy, /v1 and admin URLs as seen by the caller, the APIs spoken",
+    ),
+    route(
+        Method::GET,
+        "/status",
+        Discovery,
+        "Whether a request could start now, per model (a snapshot, not a reservation), queue by origin, request_origin",
+    ),
     // Rows with a trailing `{param}` match by prefix: keep them after the exact ones.
     route(Method::POST, "/api/blobs/{digest}", Blob, "Upload a blob for a following create"),
     route(Method::HEAD, "/api/blobs/{digest}", Blob, "Whether the nodes have a blob"),
@@ -131,6 +146,7 @@ mod tests {
         Some(match path {
             "/" if get => Root,
             "/openapi.json" if method == Method::GET => OpenApi,
+            "/.well-known/corral" | "/status" if method == Method::GET => Discovery,
             "/api/version" if get => AnyNode,
             "/api/status" if method == Method::GET => AnyNode,
             "/api/tags" if get => Tags,
