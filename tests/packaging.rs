@@ -149,3 +149,51 @@ fn the_man_page_names_every_command_and_man_renders_it() {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("SUBCOMMANDS") && shown.contains("corral-serve(1)"), "man renders it: {shown}");
 }
+
+/// The paths a .deb holds (`dpkg-deb -c`), and its control fields (`dpkg-deb -f`).
+fn deb_contents(deb: &str) -> (Vec<String>, String) {
+    let list = Command::new("dpkg-deb").args(["-c", deb]).output().expect("dpkg-deb -c runs");
+    assert!(list.status.success(), "{}", text(&list));
+    let paths = text(&list)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|p| format!("/{}", p.trim_start_matches("./").trim_start_matches('/')))
+        .collect();
+    let control = Command::new("dpkg-deb").args(["-f", deb]).output().expect("dpkg-deb -f runs");
+    (paths, text(&control))
+}
+
+/// The .deb CI builds from the Tauri bundle (scripts/test sets `CORRAL_DEB`): run with
+/// `--ignored` there, after the desktop build.
+#[test]
+#[ignore = "needs the .deb scripts/test builds (CORRAL_DEB)"]
+fn the_deb_holds_the_desktop_entry_icons_both_binaries_the_unit_and_the_man_pages() {
+    let deb = std::env::var("CORRAL_DEB").expect("CORRAL_DEB names the .deb");
+    let (paths, control) = deb_contents(&deb);
+    for want in [
+        "/usr/bin/corral-desktop",
+        "/usr/bin/corral",
+        "/usr/lib/systemd/system/corral.service",
+        "/usr/share/applications/Corral.desktop",
+        "/usr/share/icons/hicolor/128x128/apps/corral-desktop.png",
+        "/usr/share/icons/hicolor/32x32/apps/corral-desktop.png",
+        "/usr/share/man/man1/corral.1.gz",
+        "/usr/share/man/man1/corral-serve.1.gz",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "the .deb lacks {want}: {paths:?}");
+    }
+    assert!(control.contains("Package: corral"), "{control}");
+    assert!(control.contains("Depends:") && control.contains("libwebkit2gtk-4.1-0"), "{control}");
+    // What it installs is what was built: the unit byte for byte, the desktop entry launching the app.
+    let dir = temp_dir("deb");
+    let out = Command::new("dpkg-deb").args(["-x", &deb]).arg(&dir).output().expect("dpkg-deb -x runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let unit = std::fs::read_to_string(dir.join("usr/lib/systemd/system/corral.service")).expect("unit");
+    assert_eq!(unit, UNIT);
+    let entry = std::fs::read_to_string(dir.join("usr/share/applications/Corral.desktop")).expect("desktop entry");
+    assert!(entry.lines().any(|l| l == "Exec=corral-desktop"), "{entry}");
+    assert!(entry.lines().any(|l| l == "Icon=corral-desktop"), "{entry}");
+    let version = Command::new(dir.join("usr/bin/corral")).arg("--version").output().expect("the packaged CLI runs");
+    assert!(text(&version).contains(env!("CARGO_PKG_VERSION")), "{}", text(&version));
+    let _ = std::fs::remove_dir_all(&dir);
+}
