@@ -245,7 +245,7 @@ pub(super) async fn help(State(s): State<AdminState>) -> Json<Value> {
 fn inference_help(config: &crate::config::Config) -> Value {
     json!({
         "status_is_a_snapshot": "what /admin/status, /api/ps or a probe shows is a snapshot, not a reservation: another request may take the slot first",
-        "disconnect": "closing the connection before the node is done cancels the node's work (Corral closes its connection to the node), and clients that joined the same request with its Idempotency-Key see their stream end there; after the node is done, the rest of a streamed answer waits in Corral's read-ahead buffer and closing changes nothing upstream",
+        "disconnect": "closing the connection before the node is done cancels the node's work (Corral closes its connection to the node), except for a request sent with an Idempotency-Key: that one runs to its end, so a retry with the same key joins it instead of running again; after the node is done, the rest of a streamed answer waits in Corral's read-ahead buffer and closing changes nothing upstream",
         "retry": "a rejection marked X-Corral-Forwarded: false reached no node and is safe to retry; anything else may have run: retry with the same Idempotency-Key",
         "read_ahead": { "per_stream_bytes": config.proxy.stream_buffer_bytes, "total_bytes": config.proxy.stream_buffer_total_bytes, "why": "a client slower than the node does not hold the node's slot; past the bound the node waits for the client" },
     })
