@@ -325,6 +325,7 @@ def report(targets, n, rounds, rss, peak, machine):
     if not warnings:
         print("The `direct` baseline reached at least 5x every proxy's RPS in every row: neither the fake nodes nor oha "
               "was the limit.\n")
+    targets_table(by, rss, peak)
     print("| target | RSS after start | after warm-up | peak under c=64 | 1,000 open streams |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for t in proxies:
@@ -368,6 +369,34 @@ def streams_rss(binary, work):
             except OSError:
                 pass
     return got
+
+
+def targets_table(by, rss, peak):
+    """Issue 16's acceptance figures, met or not, computed from this run."""
+    cor, ngx = by["corral"], by["nginx"]
+    rows = []
+    for scen, _, _, concs in SCENARIOS:
+        for c in [c for c in concs if c in (16, 64)]:
+            ratio = median(cor.rps[(scen, c)]) / median(ngx.rps[(scen, c)])
+            rows.append((f"throughput {scen} c={c} >= 0.8x nginx", f"{ratio:.2f}x", ratio >= 0.8))
+    for scen in ("chat", "stream"):
+        per = lambda t: t.ticks[(scen, 16)] / HZ / max(t.reqs[(scen, 16)], 1) * 1e6
+        ratio = per(cor) / max(per(ngx), 1e-9)
+        rows.append((f"CPU per request {scen} c=16 <= 2x nginx", f"{per(cor):.0f} vs {per(ngx):.0f} us ({ratio:.1f}x)", ratio <= 2))
+    direct = pct(by["direct"].lat[("chat", 1)], 0.5)
+    added = lambda t: pct(t.lat[("chat", 1)], 0.5) - direct
+    rows.append(("added median latency c=1 <= nginx's + 0.05 ms", f"{added(cor):.3f} vs {added(ngx):.3f} ms",
+                 added(cor) <= added(ngx) + 0.05))
+    r = rss.get("corral", {})
+    rows.append(("RSS idle after warm-up <= 24 MiB", f"{r.get('warm', 0):.0f} MiB", r.get("warm", 1e9) <= 24))
+    rows.append(("RSS under c=64 <= 64 MiB", f"{peak.get('corral', 0):.0f} MiB", peak.get("corral", 1e9) <= 64))
+    rows.append(("RSS with 1,000 open streams <= 100 MiB", f"{r.get('streams', 0):.0f} MiB", r.get("streams", 1e9) <= 100))
+    print("### Targets (Corral with its shipped defaults)\n")
+    print("| target | this run | met? |")
+    print("| --- | --- | --- |")
+    for name, got, ok in rows:
+        print(f"| {name} | {got} | {'yes' if ok else 'no'} |")
+    print()
 
 
 def main():
