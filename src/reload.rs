@@ -51,6 +51,7 @@ pub fn reload(path: &Path, shared: &Shared) -> Result<Vec<&'static str>, ReloadE
     applied.store = current.store.clone();
     applied.proxy.connect_timeout_ms = current.proxy.connect_timeout_ms;
     applied.proxy.header_read_timeout_ms = current.proxy.header_read_timeout_ms;
+    applied.proxy.stream_buffer_total_bytes = current.proxy.stream_buffer_total_bytes;
     applied.telemetry = current.telemetry.clone();
     shared.apply(applied);
     Ok(pending)
