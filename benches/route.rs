@@ -36,7 +36,8 @@ fn bench(c: &mut Criterion) {
             let router = Router::new(&CategoryConfig { policy, ..CategoryConfig::default() }, Some(1));
             let nodes = candidates(&reg, Some("llama3.2"), &[]).expect("candidates");
             let now = tokio::time::Instant::now();
-            let ctx = PickCtx { model: Some("llama3.2"), session: Some("conversation-42"), now, work: Default::default() };
+            let ctx =
+                PickCtx { model: Some("llama3.2"), session: Some("conversation-42"), now, work: Default::default() };
             group.bench_function(policy.name(), |b| b.iter(|| router.pick(black_box(&nodes), &ctx)));
             group.bench_function(format!("{}+candidates", policy.name()), |b| {
                 b.iter(|| {
