@@ -16,6 +16,7 @@ pub mod clients;
 pub mod cloud;
 pub mod config;
 pub mod error;
+pub mod fleet;
 pub mod ewma;
 pub mod health;
 pub mod node;

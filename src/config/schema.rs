@@ -536,14 +536,26 @@ impl TelemetryConfig {
     }
 }
 
-/// The request store (SQLite).
+/// The request store: SQLite on one machine, or one PostgreSQL shared by a fleet of brokers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
     pub enabled: bool,
-    /// The SQLite file; default `corral.db` in the platform data dir.
+    /// The SQLite file; default `corral.db` in the platform data dir. Unused with `url`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// `postgres://user@host:port/db`: a PostgreSQL that several brokers share (records,
+    /// config, membership, capacity, client keys). Never holds a password: that is a keyring
+    /// secret named by `password_secret`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The keyring secret holding the password for `url`, if the server asks for one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_secret: Option<String>,
+    /// This broker's name among the fleet's (records' `broker` column, `/admin/brokers`);
+    /// default: the host name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub broker: Option<String>,
     /// Rows older than this are deleted.
     pub max_age_days: u32,
     /// At most this many request rows are kept (newest first).
@@ -558,6 +570,9 @@ impl Default for StoreConfig {
         Self {
             enabled: true,
             path: None,
+            url: None,
+            password_secret: None,
+            broker: None,
             max_age_days: 30,
             max_rows: 1_000_000,
             channel_capacity: 10_000,

@@ -84,6 +84,7 @@ impl Config {
         connections(self, &mut out);
         alerts(self, &mut out);
         telemetry(self, &mut out);
+        store(self, &mut out);
         retry(self, &mut out);
         out
     }
@@ -485,6 +486,33 @@ fn telemetry(c: &Config, out: &mut Found) {
     }
 }
 
+/// `[store]`: a fleet's `url` is a PostgreSQL URL without a password (the password is a
+/// keyring secret, as every secret is), and a broker name is short and printable.
+fn store(c: &Config, out: &mut Found) {
+    if let Some(u) = &c.store.url {
+        let path = "store.url";
+        match url::Url::parse(u) {
+            Ok(p) if !matches!(p.scheme(), "postgres" | "postgresql") || p.host().is_none() => push(
+                out,
+                path,
+                format!("\"{u}\" must be a postgres:// URL with a host (SQLite needs no URL: set store.path)"),
+            ),
+            Ok(p) if p.password().is_some() => push(
+                out,
+                path,
+                "a password does not belong in the config file: store it with `corral secret set NAME` and name it in store.password_secret",
+            ),
+            Ok(_) => {}
+            Err(err) => push(out, path, format!("\"{u}\" is not a URL: {err}")),
+        }
+    }
+    if let Some(b) = &c.store.broker {
+        if b.is_empty() || b.len() > 64 || !b.chars().all(|ch| ch.is_ascii_graphic()) {
+            push(out, "store.broker", format!("\"{b}\" must be 1 to 64 visible ASCII characters"));
+        }
+    }
+}
+
 /// `[retry]`: the budget is a ratio and the backoff cap is not below its base.
 fn retry(c: &Config, out: &mut Found) {
     if !(0.0..=1.0).contains(&c.retry.budget_ratio) {
@@ -760,5 +788,23 @@ mod tests {
         let c = Config::parse("[telemetry]\notlp_endpoint = \"http://c:4318/otlp/\"\n").expect("valid");
         assert_eq!(c.telemetry.traces_url().as_deref(), Some("http://c:4318/otlp/v1/traces"));
         assert_eq!(Config::default().telemetry.traces_url(), None, "off by default");
+    }
+
+    #[test]
+    fn a_fleet_store_url_is_postgres_and_holds_no_password() {
+        let check = |toml: &str| {
+            Config::parse(toml).err().map(|e| e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect::<Vec<_>>())
+        };
+        assert_eq!(check("[store]\nurl = \"postgres://corral@127.0.0.1:5432/corral\"\nbroker = \"gpu-gw-1\"\n"), None);
+        assert_eq!(check("[store]\nurl = \"postgresql://db.lan/corral\"\npassword_secret = \"pg\"\n"), None);
+        for (bad, why) in [
+            ("url = \"sqlite:///tmp/x.db\"", "postgres://"),
+            ("url = \"postgres://corral:hunter2@db/corral\"", "password does not belong"),
+            ("url = \"not a url\"", "is not a URL"),
+            ("broker = \"two words\"", "visible ASCII"),
+        ] {
+            let got = check(&format!("[store]\n{bad}\n")).unwrap_or_default();
+            assert!(got.iter().any(|p| p.starts_with("store.") && p.contains(why)), "{bad}: {got:?}");
+        }
     }
 }
