@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
 
+pub mod pg;
 mod search;
 
 pub use search::{
@@ -38,6 +39,8 @@ pub enum StoreError {
     Migrate { path: String, source: sqlx::migrate::MigrateError },
     #[error("request store query failed: {0}")]
     Query(#[from] sqlx::Error),
+    #[error("cannot read the store's PostgreSQL password (keyring secret \"{name}\"): {source}")]
+    Password { name: String, source: crate::secrets::SecretError },
 }
 
 impl StoreError {
@@ -46,6 +49,7 @@ impl StoreError {
             Self::Open { .. } => "store_open_failed",
             Self::Migrate { .. } => "store_migrate_failed",
             Self::Query(_) => "store_query_failed",
+            Self::Password { .. } => "store_password_missing",
         }
     }
 }

@@ -160,6 +160,8 @@ mod tests {
                 source: sqlx::migrate::MigrateError::VersionMissing(1),
             }),
             AdminError::Store(StoreError::Query(_)) => AdminError::Store(StoreError::Query(sqlx::Error::PoolClosed)),
+            AdminError::Store(StoreError::Password { .. }) =>
+                AdminError::Store(StoreError::Password { name: String::new(), source: SecretError::Empty }),
             AdminError::Chart(ChartError::Draw(_)) => AdminError::Chart(ChartError::Draw(String::new())),
             AdminError::ConfigFile(EditError::Read { .. }) =>
                 AdminError::ConfigFile(EditError::Read { path: String::new(), detail: String::new() }),
