@@ -16,7 +16,8 @@ use corral::sim::SimSpec;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // Held to the end of main: dropping it flushes the log lines still queued.
+    let _log_flush = init_tracing(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -27,17 +28,25 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli.command))
 }
 
-fn init_tracing(format: LogFormat) {
+/// Log lines go to stderr through a writer thread, so a request never waits on a slow
+/// terminal or pipe (issue 16: the summary line per request). Not lossy: if 128k lines are
+/// ever queued the writer pushes back rather than drop one.
+fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal: a log file or a pipe gets plain text (and
     // NO_COLOR, https://no-color.org, turns it off anywhere).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(colour);
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("corral-log")
+        .finish(std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(colour);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
 
 async fn run(command: Command) -> ExitCode {
