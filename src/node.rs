@@ -203,6 +203,9 @@ pub struct Node {
     admin: AtomicU8,
     weight: AtomicU32,
     max_concurrency: AtomicU32,
+    /// This broker's share of the node's slots in a fleet (`crate::fleet::capacity`);
+    /// `u32::MAX` for a broker on its own.
+    fleet_share: AtomicU32,
     in_flight: AtomicUsize,
     probe_successes: AtomicU32,
     probe_failures: AtomicU32,
@@ -282,6 +285,7 @@ impl Node {
             admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
             weight: AtomicU32::new(config.weight.max(1)),
             max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
+            fleet_share: AtomicU32::new(u32::MAX),
             config,
             base_url,
             health: AtomicU8::new(Health::Unknown.as_u8()),
@@ -400,6 +404,24 @@ impl Node {
         self.wake.notify_one();
     }
 
+    /// This broker's share of the node's slots in a fleet; `None` on its own.
+    pub fn fleet_share(&self) -> Option<u32> {
+        Some(self.fleet_share.load(Ordering::Acquire)).filter(|s| *s != u32::MAX)
+    }
+
+    /// Set this broker's share of the node's slots (`u32::MAX`: no fleet). 0 keeps new
+    /// requests in the queue; a share that rises wakes it.
+    pub fn set_fleet_share(&self, n: u32) {
+        if self.fleet_share.swap(n, Ordering::AcqRel) < n {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The slots this broker may fill: `max_concurrency`, within its fleet share.
+    pub fn slots(&self) -> usize {
+        self.max_concurrency().min(self.fleet_share.load(Ordering::Acquire) as usize)
+    }
+
     /// The state a person sees.
     pub fn state(&self) -> NodeState {
         match self.admin() {
@@ -464,7 +486,7 @@ impl Node {
     }
 
     pub fn has_capacity(&self) -> bool {
-        self.in_flight() < self.max_concurrency()
+        self.in_flight() < self.slots()
     }
 
     /// Takes new requests at all: active and not known to be down.
@@ -590,11 +612,11 @@ impl Node {
         self.context.load().get(&normalize_model(model)).copied()
     }
 
-    /// Take a slot if the node has one under `max_concurrency` and its breaker lets the request
-    /// through (atomically: two requests can never both take the last slot). `force` skips the
-    /// breaker: the last node standing is never ejected.
+    /// Take a slot if the node has one under `max_concurrency` (and this broker's fleet share)
+    /// and its breaker lets the request through (atomically: two requests can never both take
+    /// the last slot). `force` skips the breaker: the last node standing is never ejected.
     pub fn try_dispatch(self: &Arc<Self>, force: bool) -> Option<InFlight> {
-        let max = self.max_concurrency();
+        let max = self.slots();
         let now = Instant::now();
         let (permit, forced) = {
             let mut b = lock(&self.breaker);
@@ -965,6 +987,24 @@ mod tests {
         let _a = n.try_dispatch(false).expect("slot 1");
         let _b = n.try_dispatch(false).expect("slot 2");
         assert!(n.try_dispatch(false).is_none(), "no third slot");
+    }
+
+    #[tokio::test]
+    async fn a_fleet_share_limits_the_slots_and_a_rising_share_wakes_the_queue() {
+        let n = node();
+        n.set_max_concurrency(4);
+        assert_eq!(n.fleet_share(), None, "alone, no share");
+        n.set_fleet_share(1);
+        let _a = n.try_dispatch(false).expect("the one slot of the share");
+        assert!(n.try_dispatch(false).is_none() && !n.has_capacity(), "the share, not max_concurrency, is the limit");
+        n.set_fleet_share(0);
+        assert_eq!(n.slots(), 0, "a share of 0 keeps requests queued");
+        let woken = n.wake.notified();
+        n.set_fleet_share(2);
+        tokio::time::timeout(Duration::from_secs(1), woken).await.expect("a rising share wakes the dispatcher");
+        assert!(n.try_dispatch(false).is_some(), "room again under the new share");
+        n.set_fleet_share(u32::MAX);
+        assert_eq!(n.slots(), 4, "back alone: max_concurrency");
     }
 
     #[test]

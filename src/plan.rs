@@ -113,7 +113,7 @@ impl Board {
     /// When each of `node`'s slots frees, built from its timetable on first use.
     fn lane(&mut self, node: &Arc<Node>, now: Instant, unknown: Duration) -> &mut Vec<Instant> {
         self.lanes.entry(Arc::as_ptr(node) as usize).or_insert_with(|| {
-            let max = node.max_concurrency().max(1);
+            let max = node.slots().max(1);
             let ends = node.running_ends();
             let untimed = node.in_flight().saturating_sub(ends.len());
             let mut slots: Vec<Instant> = ends

@@ -120,3 +120,22 @@ async fn v1_stream_includes_usage_when_asked() {
     assert_eq!(usage["usage"]["completion_tokens"], 2);
     assert_eq!(usage["choices"], json!([]));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sim_records_the_most_requests_it_held_at_once() {
+    let spec = SimSpec { ttft: Duration::from_millis(300), parallel: 2, ..SimSpec::default() };
+    let (sim, c) = (SimNode::start(spec).await.expect("starts"), reqwest::Client::new());
+    assert_eq!(sim.max_in_flight(), 0, "nothing asked yet");
+    let ask = || {
+        c.post(format!("{}/api/generate", sim.url()))
+            .json(&json!({"model": "llama3.2", "prompt": "x", "stream": false}))
+            .send()
+    };
+    let (a, b, d) = tokio::join!(ask(), ask(), ask());
+    for r in [a, b, d] {
+        assert_eq!(r.expect("answer").status(), 200);
+    }
+    assert_eq!(sim.max_in_flight(), 3, "two generating and one waiting for a slot count as held");
+    let _ = ask().await.expect("answer");
+    assert_eq!(sim.max_in_flight(), 3, "a later lone request keeps the maximum");
+}

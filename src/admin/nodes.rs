@@ -40,6 +40,8 @@ pub(super) fn node_json(n: &Node) -> Value {
         "breaker": n.breaker_state(),
         "weight": n.weight(),
         "max_concurrency": n.max_concurrency(),
+        // In a fleet: this broker's share of the node's slots (null on its own).
+        "fleet_share": n.fleet_share(),
         "in_flight": n.in_flight(),
         "served": n.served(),
         "stale": n.health() == Health::Unhealthy,

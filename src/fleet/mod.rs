@@ -5,3 +5,5 @@
 //! through LISTEN/NOTIFY, heartbeats and membership, once-per-fleet jobs under an advisory
 //! lock, capacity shares, client-key verifiers and usage). The pool itself is the store's
 //! (`crate::store::pg`). With SQLite (no `url`) none of this runs and a broker is on its own.
+
+pub mod capacity;

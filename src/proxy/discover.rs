@@ -166,7 +166,7 @@ fn models(shared: &crate::state::Shared, accepting: bool) -> Vec<Value> {
     let mut seen: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
     for node in shared.registry.all().iter() {
         let ready = node.is_available() && node.breaker_allows(now) && !node.held_off(now);
-        let free = node.max_concurrency().saturating_sub(node.in_flight());
+        let free = node.slots().saturating_sub(node.in_flight());
         for model in node.models().unwrap_or_default() {
             let e = seen.entry(model).or_default();
             e.0 += 1;

@@ -474,7 +474,8 @@ async fn admit(s: &Arc<Shared>) -> Option<Running> {
     if waiting >= s.spec.parallel + s.spec.max_queue {
         return None;
     }
-    s.queued.fetch_add(1, Ordering::AcqRel);
+    let queued = s.queued.fetch_add(1, Ordering::AcqRel) + 1;
+    s.peak.fetch_max(queued + s.running.load(Ordering::Acquire), Ordering::AcqRel);
     let q = Queued(Arc::clone(s));
     let permit = Arc::clone(&s.slots_arc()).acquire_owned().await.ok()?;
     drop(q);

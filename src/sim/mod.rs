@@ -250,6 +250,8 @@ struct Shared {
     slots: Arc<Semaphore>,
     queued: AtomicUsize,
     running: AtomicUsize,
+    /// The most requests it held at once (queued + running): what a fleet's limit is checked by.
+    peak: AtomicUsize,
     completed: AtomicUsize,
     cancelled: AtomicUsize,
     /// Answers that have sent their first chunk and not ended.
@@ -375,6 +377,7 @@ impl SimNode {
             expires: Mutex::new(std::collections::HashMap::new()),
             queued: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
             completed: AtomicUsize::new(0),
             cancelled: AtomicUsize::new(0),
             streaming: AtomicUsize::new(0),
@@ -481,6 +484,11 @@ impl SimNode {
     /// Requests generating right now.
     pub fn running(&self) -> usize {
         self.shared.running.load(Ordering::Acquire)
+    }
+
+    /// The most inference requests it held at once (waiting for a slot or generating).
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.peak.load(Ordering::Acquire)
     }
 }
 
