@@ -793,7 +793,9 @@ mod tests {
     #[test]
     fn a_fleet_store_url_is_postgres_and_holds_no_password() {
         let check = |toml: &str| {
-            Config::parse(toml).err().map(|e| e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect::<Vec<_>>())
+            Config::parse(toml)
+                .err()
+                .map(|e| e.problems.iter().map(|p| format!("{}: {}", p.path, p.message)).collect::<Vec<_>>())
         };
         assert_eq!(check("[store]\nurl = \"postgres://corral@127.0.0.1:5432/corral\"\nbroker = \"gpu-gw-1\"\n"), None);
         assert_eq!(check("[store]\nurl = \"postgresql://db.lan/corral\"\npassword_secret = \"pg\"\n"), None);
