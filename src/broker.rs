@@ -398,7 +398,12 @@ async fn open_store(
     let (store, tasks) = crate::store::Store::open(&config.store, cancel.clone()).await?;
     tracker.spawn(tasks.writer);
     tracker.spawn(tasks.retention);
-    tracing::info!(path = %store.path().display(), "request store open");
+    tracing::info!(
+        engine = store.pool().engine(),
+        at = store.location(),
+        broker = store.broker(),
+        "request store open"
+    );
     Ok(Some(store))
 }
 

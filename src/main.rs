@@ -101,7 +101,9 @@ async fn run(command: Command) -> ExitCode {
         Command::History(args) => cmd::history::run(args).await,
         Command::Secret { command } => cmd::secret::run(command),
         Command::Bench(args) => cmd::bench::run(args).await,
-        Command::Report { since, out, db, config } => cmd::report::run(&since, &out, db, config.as_deref()).await,
+        Command::Report { since, out, db, config, broker } => {
+            cmd::report::run(&since, &out, cmd::report::Source { db, config, broker }).await
+        }
         Command::Models { url, command: None } => cmd::models::list(url.trim_end_matches('/')).await,
         Command::Models { url, command: Some(ModelsCommand::Pull { name, nodes }) } => {
             cmd::models::pull(url.trim_end_matches('/'), &name, &nodes).await

@@ -1,14 +1,22 @@
 //! The request store: one metadata row per request, node events, per-minute rollups, in SQLite
-//! (sqlx, WAL). Never prompt or output text.
+//! (sqlx, WAL) for one broker or, with `store.url`, in a PostgreSQL that a fleet of brokers
+//! shares (`pg.rs`). Never prompt or output text. Every row names the broker that wrote it
+//! (`store.broker`, else the host name), on SQLite too.
 //!
 //! The request path never waits on disk: it hands records to a bounded channel (`try_send`), and
-//! one writer task drains it in batches, one transaction per batch. If the channel is full the
-//! record is dropped and counted, and the count itself is written (`dropped_records`) and shown
-//! in status, so a gap in the history is never silent.
+//! one writer task (`writer.rs`) drains it in batches, one transaction per batch. If the channel
+//! is full the record is dropped and counted, and the count itself is written
+//! (`dropped_records`) and shown in status, so a gap in the history is never silent. While the
+//! database is away the writer keeps its batch and tries again, so the channel is the bounded
+//! buffer of an outage.
+//!
+//! Both engines run the same SQL text (`$N` placeholders, `ON CONFLICT`), each on its own sqlx
+//! pool: [`Pool`] is the choice of engine, and [`on_engine!`] writes a query once for both.
 //!
 //! A request's row is inserted as `running` when it starts and completed when it ends; rows
 //! still `running` at the next start were cut off by a crash and become `unknown` (never
-//! silently `ok`). Retention deletes by age and keeps at most `max_rows`.
+//! silently `ok`): on SQLite all of them, on PostgreSQL this broker's own only. Retention
+//! deletes by age and keeps at most `max_rows` (on PostgreSQL, the fleet's rows together).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
+use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 use tokio::sync::mpsc;
@@ -23,8 +32,23 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreConfig;
 
+/// Run `body` with `inner` bound to the engine's own value inside `value`, an enum `Kind`
+/// with a `Sqlite` and a `Postgres` variant ([`Pool`], the writer's transaction): the body is
+/// written once and compiled for each engine, so each runs on its own sqlx driver.
+macro_rules! on_engine {
+    ($kind:ident, $value:expr, |$inner:ident| $body:expr) => {
+        match $value {
+            $kind::Sqlite($inner) => $body,
+            $kind::Postgres($inner) => $body,
+        }
+    };
+}
+
 pub mod pg;
 mod search;
+mod writer;
+
+pub use writer::WriteError;
 
 pub use search::{
     attempts, count_requests, limit_of, page_requests, query_requests, request_by_id, samples, Attempt, Cursor,
@@ -103,6 +127,9 @@ pub struct RequestRow {
     pub node_done_ms: Option<i64>,
     /// `fastest-finish`'s estimate of the request's time from arrival to the end (ms), when it chose the node.
     pub estimate_ms: Option<i64>,
+    /// The broker that handled it (`store.broker`, else its host name). The store fills it in
+    /// when it writes the row; what the request path sets here is not written.
+    pub broker: String,
 }
 
 /// One attempt that did not answer: where it went and how it ended.
@@ -142,6 +169,8 @@ pub struct Query {
     pub model: Option<String>,
     /// A request id or its start: Corral's id or the client's `X-Request-Id`.
     pub id: Option<String>,
+    /// Only this broker's requests (a fleet's store holds every broker's); none: the fleet's.
+    pub broker: Option<String>,
     /// Only rows after this one (the next page).
     pub before: Option<Cursor>,
     /// The most rows to return (default 1000).
@@ -152,25 +181,74 @@ type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// The store's background tasks, for the caller to spawn and own.
 pub struct StoreTasks {
-    /// Drains the record channel into SQLite; ends after cancellation once the channel is empty.
+    /// Drains the record channel into the database; ends after cancellation once the channel is
+    /// empty (or, with the database away, once it has said what it could not write).
     pub writer: Task,
     /// Applies retention at start and every `retention_interval_ms`.
     pub retention: Task,
 }
 
+/// The database the records are in: a SQLite file for one broker, a PostgreSQL that a fleet
+/// of brokers shares. Cheap to clone (sqlx pools are handles).
+#[derive(Clone, Debug)]
+pub enum Pool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl Pool {
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        match self {
+            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The SQLite pool, when the records are in a file.
+    pub fn sqlite(&self) -> Option<&SqlitePool> {
+        match self {
+            Pool::Sqlite(p) => Some(p),
+            Pool::Postgres(_) => None,
+        }
+    }
+}
+
 /// Cheap to clone; the request path's handle on the store.
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: Pool,
     tx: mpsc::Sender<Record>,
     dropped: Arc<AtomicU64>,
-    path: PathBuf,
+    health: Arc<writer::Health>,
+    /// The file's path, or the PostgreSQL URL as it may be shown.
+    location: Arc<str>,
+    broker: Arc<str>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("Store").field("engine", &self.pool.engine()).field("location", &self.location).finish()
     }
+}
+
+/// The store as `/admin/status` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StoreStatus {
+    /// `sqlite` or `postgres`.
+    pub engine: &'static str,
+    /// The SQLite file, or the PostgreSQL URL without a password.
+    pub location: String,
+    /// This broker's name on its rows.
+    pub broker: String,
+    /// Records handed over and not yet written: in the channel, and the batch the writer holds.
+    pub pending: usize,
+    /// At most this many records wait; past it they are dropped and counted.
+    pub capacity: usize,
+    /// Records dropped since start (the channel was full).
+    pub dropped: u64,
+    /// The last write's error, while the writes fail (none once one succeeds).
+    pub last_error: Option<WriteError>,
 }
 
 /// The store file: `store.path`, else `corral.db` in the platform data dir.
@@ -224,7 +302,13 @@ fn seal_files(path: &Path) -> std::io::Result<()> {
     store_files(path).filter(|f| f.exists()).try_for_each(|f| crate::config::make_private(&f))
 }
 
-pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, StoreError> {
+/// The SQLite file at `path`, for reading (`read_only`: beside a live broker, as `corral
+/// history` does) or, made private first, for the store itself.
+pub async fn open_pool(path: &Path, read_only: bool) -> Result<Pool, StoreError> {
+    open_sqlite(path, read_only).await.map(Pool::Sqlite)
+}
+
+async fn open_sqlite(path: &Path, read_only: bool) -> Result<SqlitePool, StoreError> {
     let failed = |e: std::io::Error| StoreError::Open { path: path.display().to_string(), source: sqlx::Error::Io(e) };
     if !read_only {
         prepare_files(path).map_err(failed)?;
@@ -251,40 +335,73 @@ pub async fn open_pool(path: &Path, read_only: bool) -> Result<SqlitePool, Store
 impl Store {
     /// Open (creating and migrating as needed), mark rows a crash left `running` as `unknown`,
     /// and start the writer and retention tasks. Returns the tasks for the caller to own.
+    /// PostgreSQL with `store.url`, else the SQLite file.
     pub async fn open(config: &StoreConfig, cancel: CancellationToken) -> Result<(Store, StoreTasks), StoreError> {
-        let path = default_path(config);
-        let pool = open_pool(&path, false).await?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .map_err(|source| StoreError::Migrate { path: path.display().to_string(), source })?;
-        let recovered =
-            sqlx::query("UPDATE requests SET status = 'unknown' WHERE status = 'running'").execute(&pool).await?;
-        if recovered.rows_affected() > 0 {
-            tracing::warn!(
-                rows = recovered.rows_affected(),
-                "requests left running by an earlier crash marked unknown"
-            );
+        let (pool, location) = match &config.url {
+            Some(url) => (Pool::Postgres(pg::connect(config).await?), pg::display_url(url)),
+            None => {
+                let path = default_path(config);
+                let pool = open_sqlite(&path, false).await?;
+                sqlx::migrate!("./migrations")
+                    .run(&pool)
+                    .await
+                    .map_err(|source| StoreError::Migrate { path: path.display().to_string(), source })?;
+                (Pool::Sqlite(pool), path.display().to_string())
+            }
+        };
+        let broker: Arc<str> = pg::broker_name(config).into();
+        let recovered = mark_cut_off(&pool, &broker).await?;
+        if recovered > 0 {
+            tracing::warn!(rows = recovered, "requests left running by an earlier crash marked unknown");
         }
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let dropped = Arc::new(AtomicU64::new(0));
-        let store = Store { pool: pool.clone(), tx, dropped: Arc::clone(&dropped), path };
-        let writer = Box::pin(writer(pool.clone(), rx, dropped, cancel.clone()));
+        let health = Arc::new(writer::Health::default());
+        let store = Store {
+            pool: pool.clone(),
+            tx,
+            dropped: Arc::clone(&dropped),
+            health: Arc::clone(&health),
+            location: location.into(),
+            broker: Arc::clone(&broker),
+        };
+        let w = writer::Writer { pool: pool.clone(), broker, dropped, health };
+        let writer = Box::pin(writer::run(w, rx, cancel.clone()));
         let retention = Box::pin(retention(pool, config.clone(), cancel));
         Ok((store, StoreTasks { writer, retention }))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// The SQLite file's path, or the PostgreSQL URL as it may be shown.
+    pub fn location(&self) -> &str {
+        &self.location
     }
 
-    pub fn pool(&self) -> &SqlitePool {
+    pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// This broker's name on the rows it writes.
+    pub fn broker(&self) -> &str {
+        &self.broker
     }
 
     /// Records the request path could not hand over since start.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Engine, location, what waits to be written, drops, and the last write error.
+    pub fn status(&self) -> StoreStatus {
+        let queued = self.tx.max_capacity() - self.tx.capacity();
+        StoreStatus {
+            engine: self.pool.engine(),
+            location: self.location.to_string(),
+            broker: self.broker.to_string(),
+            pending: queued + self.health.held(),
+            capacity: self.tx.max_capacity() + writer::BATCH_MAX,
+            dropped: self.dropped(),
+            last_error: self.health.last_error(),
+        }
     }
 
     fn send(&self, r: Record) {
@@ -314,13 +431,21 @@ impl Store {
     }
 }
 
-pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {
-    let rows =
-        sqlx::query("SELECT at, node, from_state, to_state, reason FROM node_events WHERE at >= ? ORDER BY at, id")
-            .bind(since_ms)
-            .fetch_all(pool)
-            .await?;
-    Ok(rows
+/// Rows left `running` by an earlier run were cut off by a crash: mark them `unknown`. A SQLite
+/// file is one broker's, so all of its running rows (whatever the broker was called then); on
+/// PostgreSQL only this broker's own, never a live neighbour's. How many.
+async fn mark_cut_off(pool: &Pool, broker: &str) -> Result<u64, StoreError> {
+    let own = matches!(pool, Pool::Postgres(_)).then_some(broker);
+    let sql = "UPDATE requests SET status = 'unknown' WHERE status = 'running' AND ($1 IS NULL OR broker = $1)";
+    Ok(on_engine!(Pool, pool, |p| sqlx::query(sql).bind(own).execute(p).await?.rows_affected()))
+}
+
+pub async fn query_node_events(pool: &Pool, since_ms: i64) -> Result<Vec<NodeEventRow>, StoreError> {
+    let sql = "SELECT at, node, from_state, to_state, reason FROM node_events WHERE at >= $1 ORDER BY at, id";
+    Ok(on_engine!(Pool, pool, |p| sqlx::query(sql)
+        .bind(since_ms)
+        .fetch_all(p)
+        .await?
         .into_iter()
         .map(|r| NodeEventRow {
             at: r.get("at"),
@@ -329,206 +454,11 @@ pub async fn query_node_events(pool: &SqlitePool, since_ms: i64) -> Result<Vec<N
             to_state: r.get("to_state"),
             reason: r.get("reason"),
         })
-        .collect())
-}
-
-/// How long the writer waits for more records before writing a batch.
-const BATCH_LINGER: Duration = Duration::from_millis(5);
-
-/// Drain the channel in batches, one transaction each, until cancelled and empty.
-async fn writer(pool: SqlitePool, mut rx: mpsc::Receiver<Record>, dropped: Arc<AtomicU64>, cancel: CancellationToken) {
-    let mut written_drops = 0u64;
-    loop {
-        let first = tokio::select! {
-            r = rx.recv() => r,
-            _ = cancel.cancelled() => {
-                // Flush what is queued, then stop.
-                rx.close();
-                rx.recv().await
-            }
-        };
-        let Some(first) = first else { break };
-        // Linger briefly so a steady trickle becomes one transaction, not one per record.
-        let mut batch = vec![first];
-        let linger = tokio::time::Instant::now() + BATCH_LINGER;
-        while batch.len() < 2048 {
-            match rx.try_recv() {
-                Ok(r) => batch.push(r),
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) if cancel.is_cancelled() => break,
-                Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(linger, rx.recv()).await {
-                    Ok(Some(r)) => batch.push(r),
-                    _ => break,
-                },
-            }
-        }
-        let now_dropped = dropped.load(Ordering::Relaxed);
-        if let Err(e) = write_batch(&pool, &batch, now_dropped - written_drops).await {
-            tracing::error!(error = %e, records = batch.len(), "request store write failed");
-        } else {
-            written_drops = now_dropped;
-        }
-    }
-    tracing::debug!("store writer stopped");
-}
-
-type Tx<'a> = sqlx::Transaction<'a, sqlx::Sqlite>;
-
-/// Per (minute, node): requests, errors, total ms, ttfb ms, completion tokens.
-type Rollups<'a> = std::collections::HashMap<(i64, &'a str), [i64; 5]>;
-
-async fn write_batch(pool: &SqlitePool, batch: &[Record], new_drops: u64) -> Result<(), sqlx::Error> {
-    let mut started: Vec<&Started> = Vec::new();
-    let mut finished: Vec<&RequestRow> = Vec::new();
-    let mut events: Vec<&NodeEventRow> = Vec::new();
-    for r in batch {
-        match r {
-            Record::Started(s) => started.push(s),
-            Record::Finished(row) => finished.push(row),
-            Record::NodeEvent(e) => events.push(e),
-        }
-    }
-    // A request that started and finished within one batch needs only its finished row.
-    let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
-    started.retain(|s| !done.contains(s.id.as_str()));
-    let rollups = rollups_of(&finished);
-    let mut tx = pool.begin().await?;
-    insert_started(&mut tx, &started).await?;
-    upsert_finished(&mut tx, &finished).await?;
-    for e in events {
-        sqlx::query("INSERT INTO node_events (at, node, from_state, to_state, reason) VALUES (?, ?, ?, ?, ?)")
-            .bind(e.at)
-            .bind(&e.node)
-            .bind(&e.from_state)
-            .bind(&e.to_state)
-            .bind(&e.reason)
-            .execute(&mut *tx)
-            .await?;
-    }
-    upsert_rollups(&mut tx, rollups).await?;
-    if new_drops > 0 {
-        sqlx::query("INSERT INTO dropped_records (at, count) VALUES (?, ?)")
-            .bind(now_ms())
-            .bind(new_drops as i64)
-            .execute(&mut *tx)
-            .await?;
-    }
-    tx.commit().await
-}
-
-/// Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
-fn rollups_of<'a>(finished: &[&'a RequestRow]) -> Rollups<'a> {
-    let mut rollups = Rollups::new();
-    for row in finished {
-        if let Some(node) = &row.node {
-            let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
-            let sums = rollups.entry((minute, node.as_str())).or_default();
-            sums[0] += 1;
-            sums[1] += i64::from(row.status != "ok" && row.status != "client_error");
-            sums[2] += row.total_ms.unwrap_or(0);
-            sums[3] += row.ttfb_ms.unwrap_or(0);
-            sums[4] += row.completion_tokens.unwrap_or(0);
-        }
-    }
-    rollups
-}
-
-async fn insert_started(tx: &mut Tx<'_>, started: &[&Started]) -> Result<(), sqlx::Error> {
-    // Multi-row statements: one round trip to SQLite's thread per few hundred rows.
-    for chunk in started.chunks(500) {
-        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-            "INSERT OR IGNORE INTO requests (id, started_at, endpoint, status, client_request_id) ",
-        );
-        q.push_values(chunk, |mut b, s| {
-            b.push_bind(&s.id)
-                .push_bind(s.started_at)
-                .push_bind(&s.endpoint)
-                .push_bind("running")
-                .push_bind(&s.client_request_id);
-        });
-        q.build().execute(&mut **tx).await?;
-    }
-    Ok(())
-}
-
-async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow]) -> Result<(), sqlx::Error> {
-    for chunk in finished.chunks(400) {
-        let mut q = sqlx::QueryBuilder::<sqlx::Sqlite>::new(
-            "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
-             fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, node_done_ms, estimate_ms) ",
-        );
-        q.push_values(chunk, |mut b, row| {
-            let failed = (!row.failed_attempts.is_empty())
-                .then(|| serde_json::to_string(&row.failed_attempts).unwrap_or_default());
-            b.push_bind(&row.id)
-                .push_bind(row.started_at)
-                .push_bind(row.finished_at)
-                .push_bind(&row.endpoint)
-                .push_bind(&row.category)
-                .push_bind(&row.origin)
-                .push_bind(&row.model)
-                .push_bind(&row.node)
-                .push_bind(row.attempts)
-                .push_bind(&row.fallback)
-                .push_bind(&row.status)
-                .push_bind(row.http_status)
-                .push_bind(&row.error_code)
-                .push_bind(row.queued_ms)
-                .push_bind(row.ttfb_ms)
-                .push_bind(row.total_ms)
-                .push_bind(row.prompt_tokens)
-                .push_bind(row.completion_tokens)
-                .push_bind(row.streamed)
-                .push_bind(row.interrupted)
-                .push_bind(&row.client_request_id)
-                .push_bind(&row.answered_model)
-                .push_bind(failed)
-                .push_bind(&row.continued_by)
-                .push_bind(row.generation_us)
-                .push_bind(row.node_done_ms)
-                .push_bind(row.estimate_ms);
-        });
-        q.push(
-            " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
-             category=excluded.category, origin=excluded.origin, model=excluded.model, node=excluded.node, \
-             attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
-             http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
-             ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
-             completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
-             client_request_id=excluded.client_request_id, answered_model=excluded.answered_model, \
-             failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by, \
-             generation_us=excluded.generation_us, node_done_ms=excluded.node_done_ms, estimate_ms=excluded.estimate_ms",
-        );
-        q.build().execute(&mut **tx).await?;
-    }
-    Ok(())
-}
-
-async fn upsert_rollups(tx: &mut Tx<'_>, rollups: Rollups<'_>) -> Result<(), sqlx::Error> {
-    for ((minute, node), [requests, errors, total, ttfb, tokens]) in rollups {
-        sqlx::query(
-            "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(minute, node) DO UPDATE SET requests = requests + excluded.requests, \
-             errors = errors + excluded.errors, total_ms_sum = total_ms_sum + excluded.total_ms_sum, \
-             ttfb_ms_sum = ttfb_ms_sum + excluded.ttfb_ms_sum, \
-             completion_tokens = completion_tokens + excluded.completion_tokens",
-        )
-        .bind(minute)
-        .bind(node)
-        .bind(requests)
-        .bind(errors)
-        .bind(total)
-        .bind(ttfb)
-        .bind(tokens)
-        .execute(&mut **tx)
-        .await?;
-    }
-    Ok(())
+        .collect()))
 }
 
 /// Delete by age and keep at most `max_rows`, now and then every `retention_interval_ms`.
-async fn retention(pool: SqlitePool, config: StoreConfig, cancel: CancellationToken) {
+async fn retention(pool: Pool, config: StoreConfig, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(config.retention_interval_ms.max(1)));
     loop {
         tokio::select! {
@@ -542,30 +472,40 @@ async fn retention(pool: SqlitePool, config: StoreConfig, cancel: CancellationTo
     }
 }
 
-pub async fn apply_retention(pool: &SqlitePool, config: &StoreConfig) -> Result<u64, StoreError> {
+/// Delete rows older than `max_age_days` (never a running one) and all but the newest
+/// `max_rows`; old node events and rollups too. How many request rows went.
+pub async fn apply_retention(pool: &Pool, config: &StoreConfig) -> Result<u64, StoreError> {
     let cutoff = now_ms() - (config.max_age_days as i64) * 86_400_000;
-    let mut removed = sqlx::query("DELETE FROM requests WHERE started_at < ? AND status != 'running'")
-        .bind(cutoff)
-        .execute(pool)
+    let keep = i64::try_from(config.max_rows).unwrap_or(i64::MAX);
+    Ok(on_engine!(Pool, pool, |p| {
+        let mut removed = sqlx::query("DELETE FROM requests WHERE started_at < $1 AND status != 'running'")
+            .bind(cutoff)
+            .execute(p)
+            .await?
+            .rows_affected();
+        // Both engines take `LIMIT n OFFSET m` (SQLite no OFFSET alone): every row past the newest `keep`.
+        removed += sqlx::query(
+            "DELETE FROM requests WHERE id IN \
+             (SELECT id FROM requests ORDER BY started_at DESC, id LIMIT $1 OFFSET $2)",
+        )
+        .bind(i64::MAX)
+        .bind(keep)
+        .execute(p)
         .await?
         .rows_affected();
-    removed += sqlx::query(
-        "DELETE FROM requests WHERE id IN (SELECT id FROM requests ORDER BY started_at DESC, id LIMIT -1 OFFSET ?)",
-    )
-    .bind(config.max_rows as i64)
-    .execute(pool)
-    .await?
-    .rows_affected();
-    sqlx::query("DELETE FROM node_events WHERE at < ?").bind(cutoff).execute(pool).await?;
-    sqlx::query("DELETE FROM rollups WHERE minute < ?").bind(cutoff / 60_000).execute(pool).await?;
-    Ok(removed)
+        sqlx::query("DELETE FROM node_events WHERE at < $1").bind(cutoff).execute(p).await?;
+        sqlx::query("DELETE FROM rollups WHERE minute < $1").bind(cutoff / 60_000).execute(p).await?;
+        removed
+    }))
 }
 
 pub fn now_ms() -> i64 {
     (time::OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
 }
 
-/// Dropped-record total as written in the store (survives restarts).
-pub async fn dropped_total(pool: &SqlitePool) -> Result<i64, StoreError> {
-    Ok(sqlx::query("SELECT COALESCE(SUM(count), 0) AS n FROM dropped_records").fetch_one(pool).await?.get("n"))
+/// Dropped-record total as written in the store (survives restarts; a fleet's, all brokers').
+pub async fn dropped_total(pool: &Pool) -> Result<i64, StoreError> {
+    // PostgreSQL's SUM of BIGINT is NUMERIC: cast back for both.
+    let sql = "SELECT CAST(COALESCE(SUM(count), 0) AS BIGINT) AS n FROM dropped_records";
+    Ok(on_engine!(Pool, pool, |p| sqlx::query(sql).fetch_one(p).await?.get("n")))
 }

@@ -224,7 +224,10 @@ async fn the_broker_sigkilled_under_load_restarts_with_a_sound_store() {
     let base = serve.url("serving the Ollama API on");
     assert_eq!(client.get(format!("{base}/api/version")).send().await.expect("answer").status(), 200);
     let pool = corral::store::open_pool(&db, true).await.expect("open read-only");
-    let check: String = sqlx::query_scalar("PRAGMA integrity_check").fetch_one(&pool).await.expect("pragma");
+    let check: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(pool.sqlite().expect("a SQLite file"))
+        .await
+        .expect("pragma");
     assert_eq!(check, "ok");
     let rows = corral::store::query_requests(&pool, &corral::store::Query { limit: Some(1000), ..Default::default() })
         .await

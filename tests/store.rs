@@ -1,14 +1,26 @@
-//! The request store on real SQLite files: what is recorded, crash recovery, retention, bursts.
+//! The request store on real SQLite files and, where a test PostgreSQL is set
+//! (`CORRAL_TEST_PG_URL`, see tests/common/pg.rs), on PostgreSQL too: what is recorded, crash
+//! recovery, retention, bursts. Each case runs once per engine.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{cluster, eventually, temp_db};
+use common::{cluster, temp_db};
 use corral::config::StoreConfig;
 use corral::store::{apply_retention, dropped_total, query_requests, Query, Store};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+
+/// The engines a case runs on: SQLite (`None`), then a fresh PostgreSQL database's URL when
+/// there is a test server (with `CORRAL_PG=required`, a missing one fails).
+async fn engines(prefix: &str) -> Vec<Option<String>> {
+    let mut out = vec![None];
+    if let Some(url) = common::pg::fresh_database(prefix).await {
+        out.push(Some(url));
+    }
+    out
+}
 
 /// Wait until the writer has flushed `n` finished rows.
 async fn finished_rows(store: &Store, n: usize) -> Vec<corral::store::RequestRow> {
@@ -25,7 +37,13 @@ async fn finished_rows(store: &Store, n: usize) -> Vec<corral::store::RequestRow
 
 #[tokio::test]
 async fn every_request_gets_one_row_with_its_outcome() {
-    let c = cluster(2).policy(corral::config::Policy::RoundRobin).start().await;
+    for url in engines("store_rows").await {
+        one_row_per_request(url).await;
+    }
+}
+
+async fn one_row_per_request(url: Option<String>) {
+    let c = cluster(2).config(move |cfg| cfg.store.url = url).policy(corral::config::Policy::RoundRobin).start().await;
     c.learn_models().await;
     let store = c.broker.shared().telemetry.store().expect("store on").clone();
     assert!(c.chat("llama3.2", false).await.status().is_success());
@@ -58,7 +76,13 @@ async fn every_request_gets_one_row_with_its_outcome() {
 
 #[tokio::test]
 async fn node_state_changes_are_recorded_with_their_reason() {
-    let c = cluster(2).start().await;
+    for url in engines("store_events").await {
+        node_events_recorded(url).await;
+    }
+}
+
+async fn node_events_recorded(url: Option<String>) {
+    let c = cluster(2).config(move |cfg| cfg.store.url = url).start().await;
     let store = c.broker.shared().telemetry.store().expect("store on").clone();
     c.sims[0].stop();
     let _ = c.chat("llama3.2", false).await;
@@ -81,8 +105,14 @@ async fn node_state_changes_are_recorded_with_their_reason() {
 
 #[tokio::test]
 async fn rows_left_running_by_a_crash_become_unknown() {
+    for url in engines("store_crash").await {
+        running_rows_become_unknown(url).await;
+    }
+}
+
+async fn running_rows_become_unknown(url: Option<String>) {
     let path = temp_db();
-    let config = StoreConfig { path: Some(path.display().to_string()), ..StoreConfig::default() };
+    let config = StoreConfig { path: Some(path.display().to_string()), url, ..StoreConfig::default() };
     {
         let cancel = CancellationToken::new();
         let (store, tasks) = Store::open(&config, cancel.clone()).await.expect("open");
@@ -93,7 +123,6 @@ async fn rows_left_running_by_a_crash_become_unknown() {
             endpoint: "/api/chat".into(),
             client_request_id: None,
         });
-        assert!(eventually(Duration::from_secs(5), || std::fs::metadata(&path).is_ok()).await);
         let mut seen = false;
         for _ in 0..500 {
             if store
@@ -119,9 +148,20 @@ async fn rows_left_running_by_a_crash_become_unknown() {
 
 #[tokio::test]
 async fn retention_keeps_the_newest_rows_within_the_age_limit() {
+    for url in engines("store_retention").await {
+        retention_keeps_newest(url).await;
+    }
+}
+
+async fn retention_keeps_newest(url: Option<String>) {
     let path = temp_db();
-    let config =
-        StoreConfig { path: Some(path.display().to_string()), max_rows: 3, max_age_days: 1, ..StoreConfig::default() };
+    let config = StoreConfig {
+        path: Some(path.display().to_string()),
+        url,
+        max_rows: 3,
+        max_age_days: 1,
+        ..StoreConfig::default()
+    };
     let (store, tasks) = Store::open(&config, CancellationToken::new()).await.expect("open");
     // Only the writer: this test applies retention itself.
     let _writer = tokio::spawn(tasks.writer);
@@ -145,7 +185,19 @@ async fn retention_keeps_the_newest_rows_within_the_age_limit() {
 
 #[tokio::test]
 async fn a_full_writer_channel_drops_and_counts_but_never_blocks_requests() {
-    let c = cluster(1).config(|cfg| cfg.store.channel_capacity = 1).start().await;
+    for url in engines("store_drops").await {
+        full_channel_drops(url).await;
+    }
+}
+
+async fn full_channel_drops(url: Option<String>) {
+    let c = cluster(1)
+        .config(move |cfg| {
+            cfg.store.channel_capacity = 1;
+            cfg.store.url = url;
+        })
+        .start()
+        .await;
     let store = c.broker.shared().telemetry.store().expect("store on").clone();
     let burst = futures_util::future::join_all((0..200).map(|_| c.chat("llama3.2", false))).await;
     assert!(burst.iter().all(|r| r.status().is_success()), "every request was served");

@@ -39,8 +39,9 @@ pub fn range_buckets(range: &str, now_ms: i64) -> Result<Buckets, AdminError> {
         })
 }
 
-/// The snapshot of `b`, up to now, with the live queue and node states.
-async fn snapshot(s: &AdminState, b: Buckets, now_ms: i64) -> Result<Snapshot, AdminError> {
+/// The snapshot of `b`, up to now, with the live queue and node states; of `broker`'s requests
+/// only when one is named (a fleet's store holds every broker's).
+async fn snapshot(s: &AdminState, b: Buckets, now_ms: i64, broker: Option<String>) -> Result<Snapshot, AdminError> {
     let store = s
         .shared
         .telemetry
@@ -48,7 +49,7 @@ async fn snapshot(s: &AdminState, b: Buckets, now_ms: i64) -> Result<Snapshot, A
         .ok_or_else(|| AdminError::NotFound { kind: "request store (it is disabled)", name: "store".into() })?;
     let since = b.from_ms - LOOKBACK_MS;
     let rows = store
-        .requests(&crate::store::Query { since_ms: Some(since), limit: Some(MAX_ROWS), ..Default::default() })
+        .requests(&crate::store::Query { since_ms: Some(since), limit: Some(MAX_ROWS), broker, ..Default::default() })
         .await?;
     let events = store.node_events(b.from_ms).await?;
     let current: Vec<(String, String)> =
@@ -65,6 +66,8 @@ async fn snapshot(s: &AdminState, b: Buckets, now_ms: i64) -> Result<Snapshot, A
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 pub(super) struct SeriesQuery {
     range: Option<String>,
+    /// Only this broker's requests; none: every broker's.
+    broker: Option<String>,
 }
 
 /// `GET /admin/charts/series?range=5m|15m|1h|24h` (default 15m): every chart's numbers.
@@ -74,7 +77,8 @@ pub(super) async fn series(
 ) -> Result<Json<serde_json::Value>, AdminError> {
     let range = q.range.as_deref().unwrap_or("15m");
     let now_ms = crate::store::now_ms();
-    let snap = snapshot(&s, range_buckets(range, now_ms)?, now_ms).await?;
+    let broker = q.broker.filter(|b| !b.trim().is_empty());
+    let snap = snapshot(&s, range_buckets(range, now_ms)?, now_ms, broker).await?;
     let mut body =
         serde_json::to_value(&snap).map_err(|e| AdminError::Chart(crate::charts::ChartError::Draw(e.to_string())))?;
     body["range"] = range.trim().into();
@@ -87,6 +91,8 @@ pub(super) struct ChartQuery {
     window: Option<String>,
     width: Option<u32>,
     height: Option<u32>,
+    /// Only this broker's requests; none: every broker's.
+    broker: Option<String>,
 }
 
 /// `GET /admin/charts/{chart}.svg?window=15m`: one chart of the recent past, from the store.
@@ -104,7 +110,8 @@ pub(super) async fn chart(
     let from =
         parse_since(window).ok_or_else(|| AdminError::BadQuery(format!("window={window:?} is not like 15m or 1h")))?;
     let now_ms = crate::store::now_ms();
-    let snap = snapshot(&s, Buckets::spanning(from, now_ms, 30), now_ms).await?;
+    let broker = q.broker.filter(|b| !b.trim().is_empty());
+    let snap = snapshot(&s, Buckets::spanning(from, now_ms, 30), now_ms, broker).await?;
     let size = (q.width.unwrap_or(640).clamp(200, 4000), q.height.unwrap_or(320).clamp(150, 4000));
     let svg = crate::charts::svg(chart, &snap, size)?;
     Ok(([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response())

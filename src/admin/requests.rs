@@ -56,6 +56,8 @@ pub(super) struct RequestsQuery {
     model: Option<String>,
     /// A request id or its start (Corral's id or the client's `X-Request-Id`).
     id: Option<String>,
+    /// Only this broker's requests (`store.broker`); none: every broker's.
+    broker: Option<String>,
     /// The `next_before` of the page before.
     before: Option<String>,
     limit: Option<i64>,
@@ -85,13 +87,14 @@ impl RequestsQuery {
             status: given(self.status),
             model: given(self.model),
             id: given(self.id),
+            broker: given(self.broker),
             before,
             limit: self.limit,
         })
     }
 }
 
-/// `GET /admin/requests?since=&node=&category=&status=&model=&id=&before=&limit=`: newest first,
+/// `GET /admin/requests?since=&node=&category=&status=&model=&id=&broker=&before=&limit=`: newest first,
 /// one page, with `total`, `more` and `next_before`.
 pub(super) async fn list(
     State(s): State<AdminState>,
@@ -123,6 +126,8 @@ pub(super) async fn get(State(s): State<AdminState>, Path(id): Path<String>) -> 
 pub(super) struct SummaryQuery {
     range: Option<String>,
     by: Option<String>,
+    /// Only this broker's requests; none: every broker's.
+    broker: Option<String>,
 }
 
 /// Counts, errors, latency and tokens of one group of requests.
@@ -192,7 +197,8 @@ pub(super) async fn summary(
         Some("node") => GroupBy::Node,
         Some(other) => return Err(AdminError::BadBody(format!("by=\"{other}\" is not model or node"))),
     };
-    let samples = crate::store::samples(store.pool(), since, by).await?;
+    let broker = given(q.broker);
+    let samples = crate::store::samples(store.pool(), since, by, broker.as_deref()).await?;
     let (groups, all) = summarize(&samples);
     Ok(Json(json!({ "range": range, "since": since, "by": by, "groups": groups, "all": all })))
 }

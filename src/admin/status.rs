@@ -1,5 +1,6 @@
 //! The broker as a whole: `GET /healthz` (liveness, public), `GET /admin/status` (nodes, recent
-//! stats, queue, categories, reload outcome, fallback share: what the UI's overview shows),
+//! stats, queue, categories, reload outcome, fallback share, the store's engine and writes: what
+//! the UI's overview shows),
 //! `GET /help` (a self-description for clients and agents with no docs at hand), `GET /metrics`
 //! (OpenMetrics text) and `/admin/accepting` (pause and resume: paused, new requests get 503
 //! `paused` while running ones finish).
@@ -35,6 +36,8 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
         "accepting": s.shared.accepting(),
         "connect": connect(&s),
+        // Engine, where, what waits to be written, drops, and the last write error while writes fail.
+        "store": s.shared.telemetry.store().map(crate::store::Store::status),
         // Names and last use only: a key's value never leaves the keyring through the API.
         "client_keys": s.shared.client_keys.info(),
         "fallback": {

@@ -142,7 +142,8 @@ pub enum Command {
         #[command(subcommand)]
         command: SecretCommand,
     },
-    /// Request metadata from the store.
+    /// Request metadata from the store: this broker's SQLite file, or with `store.url` the
+    /// fleet's PostgreSQL (every broker's requests; `--broker NAME` for one's).
     History(HistoryArgs),
     /// Charts of latency, time to first token, throughput, outcomes, queue and node health, on one page.
     Report {
@@ -152,11 +153,15 @@ pub enum Command {
         /// The output file: .png or .svg.
         #[arg(long)]
         out: PathBuf,
-        /// The store file (default: from --config, else the platform data dir).
+        /// The store file (default: from --config, else the platform data dir; with the
+        /// config's `store.url`, its PostgreSQL).
         #[arg(long)]
         db: Option<PathBuf>,
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Only this broker's requests (`store.broker`), in a fleet's store; default: every broker's.
+        #[arg(long)]
+        broker: Option<String>,
     },
     /// Which node has which model (loaded, in VRAM, or on disk); pull models onto nodes.
     Models {
@@ -223,11 +228,15 @@ pub struct HistoryArgs {
     /// ok, client_error, error, interrupted, cancelled, unknown, running.
     #[arg(long)]
     pub status: Option<String>,
+    /// Only this broker's requests (`store.broker`), in a fleet's store; default: every broker's.
+    #[arg(long)]
+    pub broker: Option<String>,
     #[arg(long, default_value_t = 100)]
     pub limit: i64,
     #[arg(long, value_enum, default_value_t = super::history::Format::Table)]
     pub format: super::history::Format,
-    /// The store file (default: from --config, else the platform data dir).
+    /// The store file (default: from --config, else the platform data dir; with the config's
+    /// `store.url`, its PostgreSQL: the requests of every broker in the fleet).
     #[arg(long)]
     pub db: Option<PathBuf>,
     #[arg(long)]

@@ -1,11 +1,11 @@
 //! `corral history`: request metadata from the store, as a table, CSV or JSON.
 //!
-//! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker). CSV cells
+//! Reads the SQLite file directly (read-only; WAL lets it run beside a live broker), or with
+//! `store.url` the fleet's PostgreSQL: every broker's requests, or one's with `--broker`. CSV cells
 //! that a spreadsheet would run as a formula are prefixed with `'` (model names, paths and
 //! error texts come from clients). When `--limit` cut the list short, stderr says so with the
 //! full count, whatever the format, so stdout stays clean JSON or CSV.
 
-use std::path::Path;
 use std::process::ExitCode;
 
 use corral::store::{page_requests, Query, RequestRow};
@@ -24,8 +24,8 @@ pub async fn run(a: HistoryArgs) -> ExitCode {
         eprintln!("error: --since {} is not like 30s, 15m, 1h or 7d", a.since);
         return ExitCode::from(2);
     };
-    let db = match super::store_path(a.db, a.config.as_deref()) {
-        Ok(p) => p,
+    let at = match super::records_at(a.db, a.config.as_deref()) {
+        Ok(at) => at,
         Err(code) => return code,
     };
     let query = Query {
@@ -33,19 +33,16 @@ pub async fn run(a: HistoryArgs) -> ExitCode {
         node: a.node,
         category: a.category,
         status: a.status,
+        broker: a.broker,
         limit: Some(a.limit),
         ..Query::default()
     };
-    print(&db, query, a.format).await
+    print(&at, query, a.format).await
 }
 
-/// The rows `query` selects from the store at `db`, printed in `format`.
-async fn print(db: &Path, query: Query, format: Format) -> ExitCode {
-    if !db.exists() {
-        eprintln!("error: no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display());
-        return ExitCode::from(1);
-    }
-    let pool = match corral::store::open_pool(db, true).await {
+/// The rows `query` selects from the store at `at`, printed in `format`.
+async fn print(at: &super::Records, query: Query, format: Format) -> ExitCode {
+    let pool = match super::open_records(at).await {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -134,6 +131,7 @@ const COLUMNS: &[&str] = &[
     "generation_us",
     "node_done_ms",
     "estimate_ms",
+    "broker",
 ];
 
 /// The rows as CSV, a header first, every cell made safe for a spreadsheet ([`cell`]). A list

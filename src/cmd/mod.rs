@@ -24,20 +24,45 @@ pub mod serve;
 pub mod sim;
 pub mod status;
 
-/// The request store: `--db`, else the one the config (`--config`, or the platform's) names;
-/// with neither given and no `corral serve` store yet, the one `corral demo` writes (said on
-/// stderr), so `corral history` right after the demo shows the demo's requests.
-fn store_path(db: Option<PathBuf>, config: Option<&Path>) -> Result<PathBuf, ExitCode> {
+/// Where `history` and `report` read the records: a SQLite file, or a fleet's PostgreSQL.
+enum Records {
+    File(PathBuf),
+    Fleet(corral::config::StoreConfig),
+}
+
+/// The request store: `--db`, else the one the config (`--config`, or the platform's) names
+/// (its PostgreSQL with `store.url`); with neither given and no `corral serve` store yet, the
+/// one `corral demo` writes (said on stderr), so `corral history` right after the demo shows
+/// the demo's requests.
+fn records_at(db: Option<PathBuf>, config: Option<&Path>) -> Result<Records, ExitCode> {
     if let Some(db) = db {
-        return Ok(db);
+        return Ok(Records::File(db));
     }
-    let named = config::load(config).map(|(c, _, _)| corral::store::default_path(&c.store))?;
+    let store = config::load(config).map(|(c, _, _)| c.store)?;
+    if store.url.is_some() {
+        return Ok(Records::Fleet(store));
+    }
+    let named = corral::store::default_path(&store);
     let demo = demo::default_store();
     if config.is_none() && !named.exists() && demo.exists() {
         eprintln!("using the demo's store at {} (no `corral serve` store at {})", demo.display(), named.display());
-        return Ok(demo);
+        return Ok(Records::File(demo));
     }
-    Ok(named)
+    Ok(Records::File(named))
+}
+
+/// The records, opened for reading: the SQLite file read-only (WAL lets it be read beside a
+/// live broker), or a pool on the fleet's PostgreSQL that leaves its schema as it is.
+async fn open_records(at: &Records) -> Result<corral::store::Pool, String> {
+    match at {
+        Records::File(db) if !db.exists() => {
+            Err(format!("no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display()))
+        }
+        Records::File(db) => corral::store::open_pool(db, true).await.map_err(|e| e.to_string()),
+        Records::Fleet(store) => {
+            corral::store::pg::open(store).await.map(corral::store::Pool::Postgres).map_err(|e| e.to_string())
+        }
+    }
 }
 
 /// The admin token from `CORRAL_ADMIN_TOKEN`, else one generated for this run.

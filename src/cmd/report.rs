@@ -1,11 +1,19 @@
 //! `corral report`: one page of charts (latency, time to first token, throughput, outcomes,
 //! queue and node health) from the request store, as PNG or SVG. Reads the store read-only, so
-//! it runs beside a live broker; the drawing is `corral::charts`.
+//! it runs beside a live broker; with `store.url` the fleet's PostgreSQL, every broker's
+//! requests or one's (`--broker`). The drawing is `corral::charts`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub async fn run(since: &str, out: &Path, db: Option<PathBuf>, config: Option<&Path>) -> ExitCode {
+/// Where the report reads and what it covers: the store (`--db`, `--config`) and `--broker`.
+pub struct Source {
+    pub db: Option<PathBuf>,
+    pub config: Option<PathBuf>,
+    pub broker: Option<String>,
+}
+
+pub async fn run(since: &str, out: &Path, source: Source) -> ExitCode {
     let Some(from) = corral::admin::parse_since(since) else {
         eprintln!("error: --since {since} is not like 15m, 1h or 7d");
         return ExitCode::from(2);
@@ -15,15 +23,11 @@ pub async fn run(since: &str, out: &Path, db: Option<PathBuf>, config: Option<&P
         eprintln!("error: --out must end in .png or .svg");
         return ExitCode::from(2);
     }
-    let db = match super::store_path(db, config) {
-        Ok(p) => p,
+    let at = match super::records_at(source.db, source.config.as_deref()) {
+        Ok(at) => at,
         Err(code) => return code,
     };
-    if !db.exists() {
-        eprintln!("error: no request store at {}; has `corral serve` run? (or pass --db FILE)", db.display());
-        return ExitCode::from(1);
-    }
-    match draw(&db, from, out).await {
+    match draw(&at, from, source.broker, out).await {
         Ok(n) => {
             println!("wrote {} ({n} requests since {since})", out.display());
             ExitCode::SUCCESS
@@ -35,10 +39,11 @@ pub async fn run(since: &str, out: &Path, db: Option<PathBuf>, config: Option<&P
     }
 }
 
-/// Draw the charts for everything since `from` (ms); the number of requests they cover.
-async fn draw(db: &Path, from: i64, out: &Path) -> Result<usize, String> {
-    let pool = corral::store::open_pool(db, true).await.map_err(|e| e.to_string())?;
-    let q = corral::store::Query { since_ms: Some(from), limit: Some(1_000_000), ..Default::default() };
+/// Draw the charts for everything since `from` (ms), of `broker`'s requests when one is named;
+/// the number of requests they cover.
+async fn draw(at: &super::Records, from: i64, broker: Option<String>, out: &Path) -> Result<usize, String> {
+    let pool = super::open_records(at).await?;
+    let q = corral::store::Query { since_ms: Some(from), limit: Some(1_000_000), broker, ..Default::default() };
     let rows = corral::store::query_requests(&pool, &q).await.map_err(|e| e.to_string())?;
     let events = corral::store::query_node_events(&pool, from).await.map_err(|e| e.to_string())?;
     let now = corral::store::now_ms();

@@ -35,6 +35,17 @@ pub fn display_url(url: &str) -> String {
 /// A pool on the fleet's database, migrated to this build's schema
 /// (`migrations/postgres/`). The password, if any, comes from the keyring.
 pub async fn connect(config: &StoreConfig) -> Result<PgPool, StoreError> {
+    let pool = open(config).await?;
+    sqlx::migrate!("./migrations/postgres").run(&pool).await.map_err(|source| StoreError::Migrate {
+        path: display_url(config.url.as_deref().unwrap_or_default()),
+        source,
+    })?;
+    Ok(pool)
+}
+
+/// A pool on the fleet's database as it is, not migrated: for readers (`corral history`,
+/// `corral report`), which never change the schema under the brokers.
+pub async fn open(config: &StoreConfig) -> Result<PgPool, StoreError> {
     let url = config.url.as_deref().unwrap_or_default();
     let shown = display_url(url);
     let mut opts: PgConnectOptions = url.parse().map_err(|source| StoreError::Open { path: shown.clone(), source })?;
@@ -50,15 +61,10 @@ pub async fn connect(config: &StoreConfig) -> Result<PgPool, StoreError> {
         opts = opts.password(&password);
     }
     opts = opts.application_name("corral");
-    let pool = PgPoolOptions::new()
+    PgPoolOptions::new()
         .max_connections(8)
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(opts)
         .await
-        .map_err(|source| StoreError::Open { path: shown.clone(), source })?;
-    sqlx::migrate!("./migrations/postgres")
-        .run(&pool)
-        .await
-        .map_err(|source| StoreError::Migrate { path: shown, source })?;
-    Ok(pool)
+        .map_err(|source| StoreError::Open { path: shown, source })
 }

@@ -7,12 +7,16 @@
 //! that row, so rows written meanwhile never shift a page or repeat a row. A page says how many
 //! rows match in all (`total`) and whether there are more, so a caller never meets a silent cap.
 //! The rows and the count are read in one transaction, so they agree.
+//!
+//! Each query is one SQL text for both engines (`$N` placeholders, which SQLite takes too, and
+//! `LOWER(..) LIKE` so a prefix matches alike on both); [`on_engine!`] runs it on the engine's own
+//! pool, so the SQLite path is what it was, with no driver in between. `broker=` picks one
+//! broker's rows out of a fleet's; without it a query covers the whole fleet.
 
 use serde::{Deserialize, Serialize};
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{ColumnIndex, Database, Decode, Encode, QueryBuilder, Row, Type};
 
-use super::{Query, RequestRow, StoreError};
+use super::{Pool, Query, RequestRow, StoreError};
 
 /// Where a page ends: the last row it holds. Written `<started_at>.<id>`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -58,7 +62,8 @@ pub struct Page {
 /// The columns of a [`RequestRow`], in its field order.
 pub(super) const ROW_COLUMNS: &str = "id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
      fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
-     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, node_done_ms, estimate_ms";
+     streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, node_done_ms, estimate_ms, \
+     broker";
 
 /// The page size `q` asks for: 1000 unless it says, within 1 and a million.
 pub fn limit_of(q: &Query) -> i64 {
@@ -80,9 +85,14 @@ fn prefix_pattern(s: &str) -> String {
 }
 
 /// ` WHERE ...` for `q`'s filters; with `cursor`, also "after `q.before`".
-fn push_filters(b: &mut QueryBuilder<'_, Sqlite>, q: &Query, cursor: bool) {
+fn push_filters<'a, DB: Database>(b: &mut QueryBuilder<'a, DB>, q: &Query, cursor: bool)
+where
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
     b.push(" WHERE started_at >= ").push_bind(q.since_ms.unwrap_or(0));
-    for (column, value) in [("node", &q.node), ("category", &q.category), ("status", &q.status)] {
+    let exact = [("node", &q.node), ("category", &q.category), ("status", &q.status), ("broker", &q.broker)];
+    for (column, value) in exact {
         if let Some(v) = value {
             b.push(format!(" AND {column} = ")).push_bind(v.clone());
         }
@@ -91,9 +101,10 @@ fn push_filters(b: &mut QueryBuilder<'_, Sqlite>, q: &Query, cursor: bool) {
         b.push(" AND (model = ").push_bind(m.clone()).push(" OR answered_model = ").push_bind(m.clone()).push(")");
     }
     if let Some(id) = q.id.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
-        let pattern = prefix_pattern(id);
-        b.push(" AND (id LIKE ").push_bind(pattern.clone()).push(" ESCAPE '\\'");
-        b.push(" OR client_request_id LIKE ").push_bind(pattern).push(" ESCAPE '\\')");
+        // SQLite's LIKE ignores ASCII case and PostgreSQL's does not: LOWER on both sides.
+        let pattern = prefix_pattern(&id.to_lowercase());
+        b.push(" AND (LOWER(id) LIKE ").push_bind(pattern.clone()).push(" ESCAPE '\\'");
+        b.push(" OR LOWER(client_request_id) LIKE ").push_bind(pattern).push(" ESCAPE '\\')");
     }
     if let (true, Some(c)) = (cursor, &q.before) {
         b.push(" AND (started_at < ").push_bind(c.started_at);
@@ -101,41 +112,60 @@ fn push_filters(b: &mut QueryBuilder<'_, Sqlite>, q: &Query, cursor: bool) {
     }
 }
 
-/// Up to `limit` rows `q` selects, after its cursor, newest first.
-async fn select(conn: &mut SqliteConnection, q: &Query, limit: i64) -> Result<Vec<RequestRow>, StoreError> {
-    let mut b = QueryBuilder::new(format!("SELECT {ROW_COLUMNS} FROM requests"));
-    push_filters(&mut b, q, true);
+/// `SELECT` of up to `limit` rows `q` selects, after its cursor, newest first.
+fn push_select<'a, DB: Database>(b: &mut QueryBuilder<'a, DB>, q: &Query, limit: i64)
+where
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    b.push(format_args!("SELECT {ROW_COLUMNS} FROM requests"));
+    push_filters(b, q, true);
     b.push(" ORDER BY started_at DESC, id LIMIT ").push_bind(limit);
-    Ok(b.build().fetch_all(conn).await?.iter().map(row_of).collect())
 }
 
-/// How many rows `q`'s filters match, the cursor aside.
-async fn count(conn: &mut SqliteConnection, q: &Query) -> Result<i64, StoreError> {
-    let mut b = QueryBuilder::new("SELECT COUNT(*) AS n FROM requests");
-    push_filters(&mut b, q, false);
-    Ok(b.build().fetch_one(conn).await?.get("n"))
+/// `SELECT COUNT(*) AS n` of the rows `q`'s filters match, the cursor aside.
+fn push_count<'a, DB: Database>(b: &mut QueryBuilder<'a, DB>, q: &Query)
+where
+    i64: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+{
+    b.push("SELECT COUNT(*) AS n FROM requests");
+    push_filters(b, q, false);
 }
 
 /// The rows `q` selects, newest first, at most [`limit_of`] of them.
-pub async fn query_requests(pool: &SqlitePool, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
-    let mut conn = pool.acquire().await?;
-    select(&mut conn, q, limit_of(q)).await
+pub async fn query_requests(pool: &Pool, q: &Query) -> Result<Vec<RequestRow>, StoreError> {
+    Ok(on_engine!(Pool, pool, |p| {
+        let mut b = QueryBuilder::default();
+        push_select(&mut b, q, limit_of(q));
+        b.build().fetch_all(p).await?.iter().map(row_of).collect()
+    }))
 }
 
 /// How many rows `q`'s filters match in all (its cursor and limit aside).
-pub async fn count_requests(pool: &SqlitePool, q: &Query) -> Result<i64, StoreError> {
-    let mut conn = pool.acquire().await?;
-    count(&mut conn, q).await
+pub async fn count_requests(pool: &Pool, q: &Query) -> Result<i64, StoreError> {
+    Ok(on_engine!(Pool, pool, |p| {
+        let mut b = QueryBuilder::default();
+        push_count(&mut b, q);
+        b.build().fetch_one(p).await?.get("n")
+    }))
 }
 
 /// One page of what `q` selects: its rows, how many match in all, and where the next page starts.
-pub async fn page_requests(pool: &SqlitePool, q: &Query) -> Result<Page, StoreError> {
+pub async fn page_requests(pool: &Pool, q: &Query) -> Result<Page, StoreError> {
     let limit = limit_of(q);
-    let mut tx = pool.begin().await?;
-    // One more than a page: whether it comes back says whether there are more.
-    let mut rows = select(&mut tx, q, limit + 1).await?;
-    let total = count(&mut tx, q).await?;
-    tx.commit().await?;
+    let (mut rows, total): (Vec<RequestRow>, i64) = on_engine!(Pool, pool, |p| {
+        let mut tx = p.begin().await?;
+        // One more than a page: whether it comes back says whether there are more.
+        let mut b = QueryBuilder::default();
+        push_select(&mut b, q, limit + 1);
+        let rows = b.build().fetch_all(&mut *tx).await?.iter().map(row_of).collect();
+        let mut b = QueryBuilder::default();
+        push_count(&mut b, q);
+        let total = b.build().fetch_one(&mut *tx).await?.get("n");
+        tx.commit().await?;
+        (rows, total)
+    });
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let next = if more { rows.last().map(Cursor::after) } else { None };
@@ -143,13 +173,20 @@ pub async fn page_requests(pool: &SqlitePool, q: &Query) -> Result<Page, StoreEr
 }
 
 /// The request with Corral's id `id`, if the store has it.
-pub async fn request_by_id(pool: &SqlitePool, id: &str) -> Result<Option<RequestRow>, StoreError> {
-    let row =
-        sqlx::query(&format!("SELECT {ROW_COLUMNS} FROM requests WHERE id = ?")).bind(id).fetch_optional(pool).await?;
-    Ok(row.as_ref().map(row_of))
+pub async fn request_by_id(pool: &Pool, id: &str) -> Result<Option<RequestRow>, StoreError> {
+    let sql = format!("SELECT {ROW_COLUMNS} FROM requests WHERE id = $1");
+    Ok(on_engine!(Pool, pool, |p| sqlx::query(&sql).bind(id).fetch_optional(p).await?.as_ref().map(row_of)))
 }
 
-pub(super) fn row_of(r: &SqliteRow) -> RequestRow {
+/// A row of `ROW_COLUMNS` as a [`RequestRow`], from either engine (the flags are INTEGER 0/1 on
+/// SQLite and BOOLEAN on PostgreSQL; both decode as `bool`).
+pub(super) fn row_of<R: Row>(r: &R) -> RequestRow
+where
+    &'static str: ColumnIndex<R>,
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> String: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> bool: Decode<'r, R::Database> + Type<R::Database>,
+{
     RequestRow {
         id: r.get("id"),
         started_at: r.get("started_at"),
@@ -169,8 +206,8 @@ pub(super) fn row_of(r: &SqliteRow) -> RequestRow {
         total_ms: r.get("total_ms"),
         prompt_tokens: r.get("prompt_tokens"),
         completion_tokens: r.get("completion_tokens"),
-        streamed: r.get::<i64, _>("streamed") != 0,
-        interrupted: r.get::<i64, _>("interrupted") != 0,
+        streamed: r.get("streamed"),
+        interrupted: r.get("interrupted"),
         client_request_id: r.get("client_request_id"),
         answered_model: r.get("answered_model"),
         failed_attempts: r
@@ -181,6 +218,7 @@ pub(super) fn row_of(r: &SqliteRow) -> RequestRow {
         generation_us: r.get("generation_us"),
         node_done_ms: r.get("node_done_ms"),
         estimate_ms: r.get("estimate_ms"),
+        broker: r.get("broker"),
     }
 }
 
@@ -213,15 +251,19 @@ pub struct Sample {
     pub completion_tokens: Option<i64>,
 }
 
-/// Every request that started at or after `since_ms` and has ended, keyed by `by`.
-pub async fn samples(pool: &SqlitePool, since_ms: i64, by: GroupBy) -> Result<Vec<Sample>, StoreError> {
+/// Every request that started at or after `since_ms` and has ended, keyed by `by`; only
+/// `broker`'s when one is named.
+pub async fn samples(pool: &Pool, since_ms: i64, by: GroupBy, broker: Option<&str>) -> Result<Vec<Sample>, StoreError> {
     let sql = format!(
         "SELECT {} AS key, status, total_ms, prompt_tokens, completion_tokens FROM requests \
-         WHERE started_at >= ? AND status != 'running'",
+         WHERE started_at >= $1 AND status != 'running' AND ($2 IS NULL OR broker = $2)",
         by.key()
     );
-    let rows = sqlx::query(&sql).bind(since_ms).fetch_all(pool).await?;
-    Ok(rows
+    Ok(on_engine!(Pool, pool, |p| sqlx::query(&sql)
+        .bind(since_ms)
+        .bind(broker)
+        .fetch_all(p)
+        .await?
         .iter()
         .map(|r| Sample {
             key: r.get("key"),
@@ -230,7 +272,7 @@ pub async fn samples(pool: &SqlitePool, since_ms: i64, by: GroupBy) -> Result<Ve
             prompt_tokens: r.get("prompt_tokens"),
             completion_tokens: r.get("completion_tokens"),
         })
-        .collect())
+        .collect()))
 }
 
 /// One try at answering a request, as the log knows it.

@@ -1,0 +1,390 @@
+//! The store's one writer: it drains the record channel in batches, one transaction each, and
+//! keeps a batch it could not write.
+//!
+//! A batch is whatever arrived within [`BATCH_LINGER`] of its first record, at most
+//! [`BATCH_MAX`]. A request that started and finished in one batch gets only its finished row;
+//! a started row never overwrites a finished one (`ON CONFLICT DO NOTHING`), so batches may
+//! arrive in any split. Rollups are summed per (minute, node) in memory, one upsert per group.
+//!
+//! When a write fails because the database is away or busy (an outage of the fleet's
+//! PostgreSQL, a locked SQLite file), the writer keeps the batch and tries it again, after
+//! [`RETRY_FIRST`] doubling to [`RETRY_MAX`], and reads nothing more meanwhile: the channel
+//! (`store.channel_capacity`) and the batch in hand are the outage's bounded buffer. The request
+//! path keeps handing over with `try_send`, so a full buffer drops and counts, never blocks.
+//! Once the database answers, the kept batch goes first and the channel after it, in order. A
+//! write the database refuses (a constraint, a bad statement) is logged and the batch let go, as
+//! retrying would not help. Cancelled while the database is away, the writer says how many
+//! records it could not write and stops.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{now_ms, NodeEventRow, Pool, Record, RequestRow, Started};
+
+/// How long the writer waits for more records before writing a batch.
+const BATCH_LINGER: Duration = Duration::from_millis(5);
+/// The most records in one batch (one transaction).
+pub(super) const BATCH_MAX: usize = 2048;
+/// The first wait before a failed batch is tried again; each failure doubles it, up to
+/// [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A write that failed, as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WriteError {
+    pub message: String,
+    /// When it failed (unix ms).
+    pub at_ms: i64,
+}
+
+/// What the writer tells status: the batch it holds and how the last write went.
+#[derive(Debug, Default)]
+pub(super) struct Health {
+    /// Records in the batch being written or kept for a retry.
+    held: AtomicUsize,
+    last_error: Mutex<Option<WriteError>>,
+}
+
+impl Health {
+    pub(super) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn last_error(&self) -> Option<WriteError> {
+        self.last_error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn failed(&self, e: &sqlx::Error) {
+        let error = WriteError { message: e.to_string(), at_ms: now_ms() };
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
+    }
+
+    fn succeeded(&self) {
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some() {
+            *last = None;
+        }
+    }
+}
+
+/// What the writer task owns.
+pub(super) struct Writer {
+    pub(super) pool: Pool,
+    /// This broker's name, written on every row.
+    pub(super) broker: Arc<str>,
+    pub(super) dropped: Arc<AtomicU64>,
+    pub(super) health: Arc<Health>,
+}
+
+/// Drain the channel in batches, one transaction each, until cancelled and empty.
+pub(super) async fn run(w: Writer, mut rx: mpsc::Receiver<Record>, cancel: CancellationToken) {
+    let mut written_drops = 0u64;
+    while let Some(batch) = next_batch(&mut rx, &cancel).await {
+        w.health.held.store(batch.len(), Ordering::Relaxed);
+        let Some(drops) = w.write_until_done(&batch, written_drops, &cancel).await else {
+            // Cancelled with the database away: say what is lost, and stop.
+            rx.close();
+            let mut left = batch.len();
+            while rx.try_recv().is_ok() {
+                left += 1;
+            }
+            tracing::error!(records = left, "the request store is unreachable at shutdown: records not written");
+            break;
+        };
+        written_drops = drops;
+        w.health.held.store(0, Ordering::Relaxed);
+    }
+    tracing::debug!("store writer stopped");
+}
+
+/// The next batch: the first record, then what follows within [`BATCH_LINGER`]. `None` once
+/// cancelled and empty.
+async fn next_batch(rx: &mut mpsc::Receiver<Record>, cancel: &CancellationToken) -> Option<Vec<Record>> {
+    let first = tokio::select! {
+        r = rx.recv() => r,
+        _ = cancel.cancelled() => {
+            // Flush what is queued, then stop.
+            rx.close();
+            rx.recv().await
+        }
+    }?;
+    // Linger briefly so a steady trickle becomes one transaction, not one per record.
+    let mut batch = vec![first];
+    let linger = tokio::time::Instant::now() + BATCH_LINGER;
+    while batch.len() < BATCH_MAX {
+        match rx.try_recv() {
+            Ok(r) => batch.push(r),
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) if cancel.is_cancelled() => break,
+            Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(linger, rx.recv()).await {
+                Ok(Some(r)) => batch.push(r),
+                _ => break,
+            },
+        }
+    }
+    Some(batch)
+}
+
+impl Writer {
+    /// Write `batch` (with the drops counted since `written_drops`), trying again while the
+    /// database is away. The drop total now written, or `None` when cancelled before the batch
+    /// could be written.
+    async fn write_until_done(&self, batch: &[Record], written_drops: u64, cancel: &CancellationToken) -> Option<u64> {
+        let mut wait = RETRY_FIRST;
+        let mut failures = 0u32;
+        loop {
+            let now_dropped = self.dropped.load(Ordering::Relaxed);
+            let e = match write_batch(&self.pool, batch, &self.broker, now_dropped - written_drops).await {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(failures, records = batch.len(), "request store writes again");
+                    }
+                    self.health.succeeded();
+                    return Some(now_dropped);
+                }
+                Err(e) => e,
+            };
+            self.health.failed(&e);
+            if !transient(&e) {
+                tracing::error!(error = %e, records = batch.len(), "request store write failed");
+                return Some(written_drops);
+            }
+            if failures == 0 {
+                tracing::error!(error = %e, records = batch.len(), "request store write failed; keeping the batch and trying again");
+            } else {
+                tracing::debug!(error = %e, failures, "request store write failed again");
+            }
+            failures += 1;
+            if cancel.is_cancelled() {
+                return None;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cancel.cancelled() => {}
+            }
+            wait = (wait * 2).min(RETRY_MAX);
+        }
+    }
+}
+
+/// Whether a failed write may succeed when tried again: the database was away, busy or out
+/// of room, not refusing these records. PostgreSQL's SQLSTATE classes 08 (connection), 40
+/// (rolled back), 53 (resources), 57 (operator: shutting down) and 58 (system); SQLite's BUSY,
+/// LOCKED, IOERR, FULL and CANTOPEN.
+fn transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => match d.code() {
+            Some(code) => match code.parse::<i32>() {
+                Ok(sqlite) => matches!(sqlite & 0xff, 5 | 6 | 10 | 13 | 14),
+                Err(_) => ["08", "40", "53", "57", "58"].iter().any(|class| code.starts_with(class)),
+            },
+            None => false,
+        },
+        _ => false,
+    }
+}
+
+/// The writer's transaction, on either engine.
+enum Tx<'c> {
+    Sqlite(sqlx::Transaction<'c, sqlx::Sqlite>),
+    Postgres(sqlx::Transaction<'c, sqlx::Postgres>),
+}
+
+/// Per (minute, node): requests, errors, total ms, ttfb ms, completion tokens.
+type Rollups<'a> = std::collections::HashMap<(i64, &'a str), [i64; 5]>;
+
+async fn write_batch(pool: &Pool, batch: &[Record], broker: &str, new_drops: u64) -> Result<(), sqlx::Error> {
+    let mut started: Vec<&Started> = Vec::new();
+    let mut finished: Vec<&RequestRow> = Vec::new();
+    let mut events: Vec<&NodeEventRow> = Vec::new();
+    for r in batch {
+        match r {
+            Record::Started(s) => started.push(s),
+            Record::Finished(row) => finished.push(row),
+            Record::NodeEvent(e) => events.push(e),
+        }
+    }
+    // A request that started and finished within one batch needs only its finished row.
+    let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
+    started.retain(|s| !done.contains(s.id.as_str()));
+    let rollups = rollups_of(&finished);
+    let mut tx = match pool {
+        Pool::Sqlite(p) => Tx::Sqlite(p.begin().await?),
+        Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+    };
+    insert_started(&mut tx, &started, broker).await?;
+    upsert_finished(&mut tx, &finished, broker).await?;
+    insert_events(&mut tx, &events, broker).await?;
+    upsert_rollups(&mut tx, rollups).await?;
+    if new_drops > 0 {
+        let sql = "INSERT INTO dropped_records (at, broker, count) VALUES ($1, $2, $3)";
+        let count = i64::try_from(new_drops).unwrap_or(i64::MAX);
+        on_engine!(Tx, &mut tx, |t| sqlx::query(sql)
+            .bind(now_ms())
+            .bind(broker)
+            .bind(count)
+            .execute(&mut **t)
+            .await?
+            .rows_affected());
+    }
+    on_engine!(Tx, tx, |t| t.commit().await)
+}
+
+/// Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
+fn rollups_of<'a>(finished: &[&'a RequestRow]) -> Rollups<'a> {
+    let mut rollups = Rollups::new();
+    for row in finished {
+        if let Some(node) = &row.node {
+            let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;
+            let sums = rollups.entry((minute, node.as_str())).or_default();
+            sums[0] += 1;
+            sums[1] += i64::from(row.status != "ok" && row.status != "client_error");
+            sums[2] += row.total_ms.unwrap_or(0);
+            sums[3] += row.ttfb_ms.unwrap_or(0);
+            sums[4] += row.completion_tokens.unwrap_or(0);
+        }
+    }
+    rollups
+}
+
+async fn insert_started(tx: &mut Tx<'_>, started: &[&Started], broker: &str) -> Result<(), sqlx::Error> {
+    // Multi-row statements: one round trip per few hundred rows.
+    on_engine!(Tx, tx, |t| for chunk in started.chunks(500) {
+        let mut q = sqlx::QueryBuilder::new(
+            "INSERT INTO requests (id, started_at, endpoint, status, client_request_id, broker) ",
+        );
+        q.push_values(chunk, |mut b, s| {
+            b.push_bind(&s.id)
+                .push_bind(s.started_at)
+                .push_bind(&s.endpoint)
+                .push_bind("running")
+                .push_bind(&s.client_request_id)
+                .push_bind(broker);
+        });
+        // The finished row, if an earlier batch wrote it, stays as it is.
+        q.push(" ON CONFLICT (id) DO NOTHING");
+        q.build().execute(&mut **t).await?;
+    });
+    Ok(())
+}
+
+async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow], broker: &str) -> Result<(), sqlx::Error> {
+    on_engine!(Tx, tx, |t| for chunk in finished.chunks(400) {
+        let mut q = sqlx::QueryBuilder::new(
+            "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
+             fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
+             streamed, interrupted, client_request_id, answered_model, failed_attempts, continued_by, generation_us, \
+             node_done_ms, estimate_ms, broker) ",
+        );
+        q.push_values(chunk, |mut b, row| {
+            let failed = (!row.failed_attempts.is_empty())
+                .then(|| serde_json::to_string(&row.failed_attempts).unwrap_or_default());
+            b.push_bind(&row.id)
+                .push_bind(row.started_at)
+                .push_bind(row.finished_at)
+                .push_bind(&row.endpoint)
+                .push_bind(&row.category)
+                .push_bind(&row.origin)
+                .push_bind(&row.model)
+                .push_bind(&row.node)
+                .push_bind(row.attempts)
+                .push_bind(&row.fallback)
+                .push_bind(&row.status)
+                .push_bind(row.http_status)
+                .push_bind(&row.error_code)
+                .push_bind(row.queued_ms)
+                .push_bind(row.ttfb_ms)
+                .push_bind(row.total_ms)
+                .push_bind(row.prompt_tokens)
+                .push_bind(row.completion_tokens)
+                .push_bind(row.streamed)
+                .push_bind(row.interrupted)
+                .push_bind(&row.client_request_id)
+                .push_bind(&row.answered_model)
+                .push_bind(failed)
+                .push_bind(&row.continued_by)
+                .push_bind(row.generation_us)
+                .push_bind(row.node_done_ms)
+                .push_bind(row.estimate_ms)
+                .push_bind(broker);
+        });
+        q.push(
+            " ON CONFLICT(id) DO UPDATE SET finished_at=excluded.finished_at, endpoint=excluded.endpoint, \
+             category=excluded.category, origin=excluded.origin, model=excluded.model, node=excluded.node, \
+             attempts=excluded.attempts, fallback=excluded.fallback, status=excluded.status, \
+             http_status=excluded.http_status, error_code=excluded.error_code, queued_ms=excluded.queued_ms, \
+             ttfb_ms=excluded.ttfb_ms, total_ms=excluded.total_ms, prompt_tokens=excluded.prompt_tokens, \
+             completion_tokens=excluded.completion_tokens, streamed=excluded.streamed, interrupted=excluded.interrupted, \
+             client_request_id=excluded.client_request_id, answered_model=excluded.answered_model, \
+             failed_attempts=excluded.failed_attempts, continued_by=excluded.continued_by, \
+             generation_us=excluded.generation_us, node_done_ms=excluded.node_done_ms, estimate_ms=excluded.estimate_ms",
+        );
+        q.build().execute(&mut **t).await?;
+    });
+    Ok(())
+}
+
+async fn insert_events(tx: &mut Tx<'_>, events: &[&NodeEventRow], broker: &str) -> Result<(), sqlx::Error> {
+    let sql =
+        "INSERT INTO node_events (at, node, from_state, to_state, reason, broker) VALUES ($1, $2, $3, $4, $5, $6)";
+    on_engine!(Tx, tx, |t| for e in events {
+        sqlx::query(sql)
+            .bind(e.at)
+            .bind(&e.node)
+            .bind(&e.from_state)
+            .bind(&e.to_state)
+            .bind(&e.reason)
+            .bind(broker)
+            .execute(&mut **t)
+            .await?;
+    });
+    Ok(())
+}
+
+async fn upsert_rollups(tx: &mut Tx<'_>, rollups: Rollups<'_>) -> Result<(), sqlx::Error> {
+    // The kept row is named by its table: PostgreSQL finds a bare `requests` ambiguous.
+    let sql = "INSERT INTO rollups (minute, node, requests, errors, total_ms_sum, ttfb_ms_sum, completion_tokens) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT(minute, node) DO UPDATE SET \
+         requests = rollups.requests + excluded.requests, errors = rollups.errors + excluded.errors, \
+         total_ms_sum = rollups.total_ms_sum + excluded.total_ms_sum, \
+         ttfb_ms_sum = rollups.ttfb_ms_sum + excluded.ttfb_ms_sum, \
+         completion_tokens = rollups.completion_tokens + excluded.completion_tokens";
+    on_engine!(Tx, tx, |t| for ((minute, node), [requests, errors, total, ttfb, tokens]) in &rollups {
+        sqlx::query(sql)
+            .bind(minute)
+            .bind(node)
+            .bind(requests)
+            .bind(errors)
+            .bind(total)
+            .bind(ttfb)
+            .bind(tokens)
+            .execute(&mut **t)
+            .await?;
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_database_is_tried_again_and_a_refusal_is_not() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(transient(&sqlx::Error::Io(refused)), "connection refused: the server is away");
+        assert!(transient(&sqlx::Error::PoolTimedOut), "no connection within the timeout");
+        assert!(!transient(&sqlx::Error::RowNotFound), "not a database outage");
+        assert!(!transient(&sqlx::Error::PoolClosed), "the store is shutting down");
+    }
+}
