@@ -212,6 +212,14 @@ impl Pool {
             Pool::Postgres(_) => None,
         }
     }
+
+    /// Close every connection (a reader done with the store lets the writer have it alone).
+    pub async fn close(&self) {
+        match self {
+            Pool::Sqlite(p) => p.close().await,
+            Pool::Postgres(p) => p.close().await,
+        }
+    }
 }
 
 /// Cheap to clone; the request path's handle on the store.
