@@ -460,6 +460,18 @@ pub fn client_key(name: &str) -> Result<String, SecretError> {
     Err(SecretError::NotFound(name.to_string()))
 }
 
+/// The value of an unclaimed entry only (`corral secret set NAME` that no provider or
+/// listener names): the store's PostgreSQL password (`store.password_secret`). Never a
+/// provider's key, which may go only to its provider's origin, nor a client key or an
+/// internal entry, so naming one in `[store]` cannot send it to a database host.
+pub fn unclaimed(name: &str) -> Result<String, SecretError> {
+    check_name(name)?;
+    if is_internal(name) {
+        return Err(SecretError::Reserved(name.to_string()));
+    }
+    raw_get(LEGACY, name)?.ok_or_else(|| SecretError::NotFound(name.to_string()))
+}
+
 /// Whether `name` has a value (without handing the value out).
 pub fn is_set(name: &str) -> Result<bool, SecretError> {
     match get(name) {
@@ -688,5 +700,17 @@ mod tests {
         assert_eq!((home, why.is_none()), (TokenHome::Keyring, true));
         assert!(from_keyring.starts_with("kkkk"), "the keyring wins when it answers");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_database_password_is_an_unclaimed_entry_never_a_provider_or_client_key() {
+        assert!(use_memory_store(), "the lib tests keep secrets in memory");
+        set_provider_key("pwtest-openai", "sk-provider", &["https://api.openai.com:443".into()]).expect("provider key");
+        set_client_key("pwtest-client", "ck-value").expect("client key");
+        set("pwtest-db", "db-password").expect("unclaimed");
+        assert_eq!(unclaimed("pwtest-db").ok().as_deref(), Some("db-password"));
+        for name in ["pwtest-openai", "pwtest-client", "pwtest-missing"] {
+            assert_eq!(unclaimed(name).err().map(|e| e.code()), Some("secret_not_found"), "{name}");
+        }
     }
 }

@@ -549,7 +549,9 @@ pub struct StoreConfig {
     /// secret named by `password_secret`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-    /// The keyring secret holding the password for `url`, if the server asks for one.
+    /// The keyring secret holding the password for `url`, if the server asks for one: an
+    /// entry stored with `corral secret set NAME` that no provider or listener names (a
+    /// provider's key is never sent to a database).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password_secret: Option<String>,
     /// This broker's name among the fleet's (records' `broker` column, `/admin/brokers`);

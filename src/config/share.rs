@@ -530,6 +530,8 @@ pub fn share_text(config: &Config) -> String {
     }
     if let Some(store) = doc.get_mut("store").and_then(toml_edit::Item::as_table_like_mut) {
         store.remove("path");
+        // A broker's name in a fleet is its own: importers keep theirs (the whole [store]).
+        store.remove("broker");
     }
     let note = "# Left out, as they belong to each machine: listener and admin addresses, client key\n# bindings, the store's file. An import keeps the importing machine's own.\n";
     format!(
@@ -573,8 +575,9 @@ mod tests {
         let mut c = Config::default();
         c.store.path = Some("/home/ana/.local/share/corral/corral.db".into());
         c.admin.addr = "127.0.0.1:11500".into();
+        c.store.broker = Some("ana-gw-1".into());
         let text = share_text(&c);
-        for local in ["/home/ana", "[admin]", "[[listeners]]", "11500"] {
+        for local in ["/home/ana", "[admin]", "[[listeners]]", "11500", "ana-gw-1"] {
             assert!(!text.contains(local), "{local} is machine-local:\n{text}");
         }
         assert!(text.starts_with("# Corral config, exported by corral"), "{text}");

@@ -53,7 +53,7 @@ pub async fn open(config: &StoreConfig) -> Result<PgPool, StoreError> {
         let name = name.clone();
         let secret = tokio::task::spawn_blocking({
             let name = name.clone();
-            move || crate::secrets::get(&name)
+            move || crate::secrets::unclaimed(&name)
         })
         .await
         .map_err(|e| StoreError::Open { path: shown.clone(), source: sqlx::Error::Io(std::io::Error::other(e)) })?;
