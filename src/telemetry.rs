@@ -253,6 +253,8 @@ pub struct Telemetry {
     unauthenticated: std::sync::Mutex<(i64, u32)>,
     /// Where finished traces go as OTLP spans, when `[telemetry] otlp_endpoint` is set.
     exporter: Option<crate::otlp::Exporter>,
+    /// Per-client-key usage, counted as requests finish (on in a fleet only; `clients::Usage`).
+    usage: Arc<crate::clients::Usage>,
 }
 
 /// Unauthenticated rejections recorded row by row per second; the rest are only counted.
@@ -292,6 +294,7 @@ impl Telemetry {
             fallback_share: std::sync::Mutex::new(share),
             unauthenticated: std::sync::Mutex::new((0, 0)),
             exporter: None,
+            usage: Arc::default(),
         }
     }
 
@@ -356,6 +359,11 @@ impl Telemetry {
         self.store.as_ref()
     }
 
+    /// Per-client-key usage counted as requests finish (off unless a fleet turned it on).
+    pub fn usage(&self) -> &Arc<crate::clients::Usage> {
+        &self.usage
+    }
+
     pub fn publish(&self, e: Event) {
         let _ = self.bus.send(e);
     }
@@ -382,6 +390,7 @@ impl Telemetry {
             },
             done: false,
             spans: self.exporter.as_ref().map(|_| Box::new(crate::otlp::Live::new())),
+            client: None,
         }
     }
 
@@ -514,6 +523,8 @@ pub struct Trace {
     done: bool,
     /// The request's OpenTelemetry spans in the making; `None` unless exporting.
     spans: Option<Box<crate::otlp::Live>>,
+    /// The client key's name, when a listener's `api_keys` admitted the request: its usage.
+    client: Option<String>,
 }
 
 impl std::fmt::Debug for Trace {
@@ -523,6 +534,11 @@ impl std::fmt::Debug for Trace {
 }
 
 impl Trace {
+    /// The request came with client key `name`: its usage counts when the trace finishes.
+    pub fn for_client(&mut self, name: Option<String>) {
+        self.client = name;
+    }
+
     pub fn elapsed_ms(&self) -> i64 {
         self.started.elapsed().as_millis() as i64
     }
@@ -606,6 +622,9 @@ impl Trace {
         self.row.category = for_record(&self.row.category);
         if let Some(spans) = self.spans.take().and_then(|s| s.finish(&self.row)) {
             self.telemetry.export(spans);
+        }
+        if let Some(client) = self.client.take() {
+            self.telemetry.usage.count(&client, self.row.prompt_tokens, self.row.completion_tokens);
         }
         self.telemetry.finish(std::mem::take(&mut self.row));
     }

@@ -233,6 +233,7 @@ async fn traced(state: &ProxyState, req: Request, id: &str, client_id: Option<St
     let mut trace = (!local).then(|| state.shared.telemetry.begin(id, &path, origin_name(state), client_id));
     if let Some(t) = trace.as_mut() {
         t.continue_from(req.headers());
+        t.for_client(req.extensions().get::<ClientName>().and_then(|c| c.0.clone()));
     }
     let (response, attempts) = match serve(state, req, &upstream_id, &mut trace).await {
         Ok(r) => (r, None),
