@@ -147,6 +147,20 @@ impl Admission {
         (q.waiters.len().saturating_sub(q.remote), q.remote)
     }
 
+    /// For each node, how many waiting requests it could serve (a request counts for every
+    /// node it could go to): with the nodes' in-flight requests, the demand a fleet's capacity
+    /// shares follow (`crate::fleet::shares`).
+    pub fn queued_by_node(&self) -> std::collections::HashMap<String, usize> {
+        let q = self.lock();
+        let mut out = std::collections::HashMap::new();
+        for w in q.waiters.values() {
+            for node in self.candidates(&w.ticket).unwrap_or_default() {
+                *out.entry(node.config.name.clone()).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
     /// Body bytes waiting right now.
     pub fn queued_bytes(&self) -> usize {
         self.lock().bytes

@@ -118,6 +118,35 @@ fn spawn_probes(
     Ok(())
 }
 
+/// Client keys: loaded before the first request, then followed in the keyring.
+async fn follow_client_keys(shared: &Arc<Shared>, tracker: &TaskTracker, cancel: &CancellationToken) {
+    shared.client_keys.set(crate::clients::load(shared.client_key_names()).await);
+    let names = Arc::clone(shared);
+    tracker.spawn(crate::clients::watch(
+        Arc::clone(&shared.client_keys),
+        move || names.client_key_names(),
+        cancel.clone(),
+    ));
+}
+
+/// Edits go into `path` and its changes are applied as they land.
+fn watch_config_file(
+    path: std::path::PathBuf,
+    shared: &Arc<Shared>,
+    tracker: &TaskTracker,
+    cancel: &CancellationToken,
+) {
+    shared.set_config_file(path.clone());
+    match crate::reload::watch(path.clone(), Arc::clone(shared), Arc::clone(&shared.reload), cancel.clone()) {
+        Ok(task) => {
+            tracker.spawn(task);
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot watch the config file; edits need a restart")
+        }
+    }
+}
+
 /// The broker's telemetry; with `[telemetry] otlp_endpoint`, exporting traces through a task
 /// that, like the store's writer, stops last, so the spans of drained requests leave too.
 fn telemetry_for(
@@ -180,27 +209,16 @@ impl Broker {
         let shared =
             Arc::new(Shared::new(config, Arc::clone(&registry), client, cancel.clone(), telemetry, options.seed));
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
-        // Client keys: loaded before the first request, then followed in the keyring.
-        shared.client_keys.set(crate::clients::load(shared.client_key_names()).await);
-        let names = Arc::clone(&shared);
-        tracker.spawn(crate::clients::watch(
-            Arc::clone(&shared.client_keys),
-            move || names.client_key_names(),
-            cancel.clone(),
-        ));
-        let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, &tracker, &cancel).await?;
+        follow_client_keys(&shared, &tracker, &cancel).await;
+        let fleet = shared.telemetry.store().and_then(crate::fleet::Fleet::of);
+        let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, fleet.clone(), &tracker, &cancel).await?;
         shared.set_front(proxy_addrs.iter().map(|a| format!("http://{a}")).collect(), options.demo);
         shared.set_admin_addr(admin_addr);
         if let Some(path) = options.config_path {
-            shared.set_config_file(path.clone());
-            match crate::reload::watch(path.clone(), Arc::clone(&shared), Arc::clone(&shared.reload), cancel.clone()) {
-                Ok(task) => {
-                    tracker.spawn(task);
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "cannot watch the config file; edits need a restart")
-                }
-            }
+            watch_config_file(path, &shared, &tracker, &cancel);
+        }
+        if let Some(fleet) = &fleet {
+            fleet.start(&shared, &tracker, &cancel);
         }
         let probes = cancel.child_token();
         spawn_probes(&tracker, Arc::clone(&registry), &shared.config(), shared.health_config(), probes.clone())?;
@@ -306,6 +324,7 @@ impl Sockets {
         self,
         shared: &Arc<Shared>,
         admin_token: &Arc<String>,
+        fleet: Option<Arc<crate::fleet::Fleet>>,
         tracker: &TaskTracker,
         cancel: &CancellationToken,
     ) -> Result<(Vec<SocketAddr>, SocketAddr), StartError> {
@@ -338,6 +357,7 @@ impl Sockets {
             token: Arc::clone(admin_token),
             drills: Default::default(),
             latency: Default::default(),
+            fleet,
         });
         let (stop, admin_addr, admin) = (cancel.clone(), self.admin_addr, self.admin);
         tracker.spawn(async move {

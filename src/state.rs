@@ -108,6 +108,8 @@ pub struct Shared {
     accepting: AtomicBool,
     seed: Option<u64>,
     rng: Mutex<SmallRng>,
+    /// Unix ms when this broker started.
+    started_ms: i64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -165,7 +167,13 @@ impl Shared {
             edits: std::sync::Mutex::new(()),
             seed,
             rng: Mutex::new(rng),
+            started_ms: crate::store::now_ms(),
         }
+    }
+
+    /// Unix ms when this broker started.
+    pub fn started_at_ms(&self) -> i64 {
+        self.started_ms
     }
 
     /// Bytes held for slow readers right now, and the bound.

@@ -19,7 +19,7 @@
 //! deletes by age and keeps at most `max_rows` (on PostgreSQL, the fleet's rows together).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -232,6 +232,8 @@ pub struct Store {
     /// The file's path, or the PostgreSQL URL as it may be shown.
     location: Arc<str>,
     broker: Arc<str>,
+    /// Whether this broker runs retention: always alone; in a fleet, only its keeper.
+    fleet_jobs: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Store {
@@ -365,6 +367,8 @@ impl Store {
         let (tx, rx) = mpsc::channel(config.channel_capacity.max(1));
         let dropped = Arc::new(AtomicU64::new(0));
         let health = Arc::new(writer::Health::default());
+        // A fleet's keeper (`crate::fleet::keeper`) turns this on; alone, it is on.
+        let fleet_jobs = Arc::new(AtomicBool::new(matches!(pool, Pool::Sqlite(_))));
         let store = Store {
             pool: pool.clone(),
             tx,
@@ -372,10 +376,11 @@ impl Store {
             health: Arc::clone(&health),
             location: location.into(),
             broker: Arc::clone(&broker),
+            fleet_jobs: Arc::clone(&fleet_jobs),
         };
         let w = writer::Writer { pool: pool.clone(), broker, dropped, health };
         let writer = Box::pin(writer::run(w, rx, cancel.clone()));
-        let retention = Box::pin(retention(pool, config.clone(), cancel));
+        let retention = Box::pin(retention(pool, config.clone(), fleet_jobs, cancel));
         Ok((store, StoreTasks { writer, retention }))
     }
 
@@ -386,6 +391,11 @@ impl Store {
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Run retention from here (in a fleet, only the keeper does).
+    pub fn set_runs_fleet_jobs(&self, on: bool) {
+        self.fleet_jobs.store(on, Ordering::Release);
     }
 
     /// This broker's name on the rows it writes.
@@ -466,12 +476,15 @@ pub async fn query_node_events(pool: &Pool, since_ms: i64) -> Result<Vec<NodeEve
 }
 
 /// Delete by age and keep at most `max_rows`, now and then every `retention_interval_ms`.
-async fn retention(pool: Pool, config: StoreConfig, cancel: CancellationToken) {
+async fn retention(pool: Pool, config: StoreConfig, runs: Arc<AtomicBool>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_millis(config.retention_interval_ms.max(1)));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tick.tick() => {
+                if !runs.load(Ordering::Acquire) {
+                    continue;
+                }
                 if let Err(e) = apply_retention(&pool, &config).await {
                     tracing::warn!(error = %e, "retention pass failed");
                 }

@@ -18,6 +18,7 @@
 //! module per resource holds the handlers; this one holds only the state, the table, the token
 //! check and the draft -> validate -> swap step they share.
 
+mod brokers;
 mod categories;
 mod charts;
 mod config;
@@ -63,6 +64,8 @@ pub struct AdminState {
     pub drills: Drills,
     /// The last latency test result per node and model (`/admin/latency`).
     pub latency: Latencies,
+    /// The fleet this broker is one of (`[store] url` on PostgreSQL); `None` alone.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
 }
 
 /// Who may call a route.
@@ -179,6 +182,13 @@ pub const ROUTES: &[Route] = &[
         "/admin/categories/{name}",
         |m| on(m, categories::delete),
         says("Remove a category").answers(204, ""),
+    ),
+    protected(
+        Method::GET,
+        "/admin/brokers",
+        |m| on(m, brokers::list),
+        says("The fleet's brokers: address, version, config version, last seen, load, keeper, gone")
+            .gives(schema::<brokers::Brokers>),
     ),
     protected(Method::GET, "/admin/providers", |m| on(m, providers::list), says("Every cloud provider")),
     protected(Method::PUT, "/admin/providers", |m| on(m, providers::put_all), says("Replace every cloud provider")),
@@ -421,6 +431,7 @@ mod tests {
             token: Arc::new(TOKEN.into()),
             drills: Default::default(),
             latency: Default::default(),
+            fleet: None,
         }
     }
 

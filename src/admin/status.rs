@@ -38,6 +38,8 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "connect": connect(&s),
         // Engine, where, what waits to be written, drops, and the last write error while writes fail.
         "store": s.shared.telemetry.store().map(crate::store::Store::status),
+        // With a fleet: this broker's name, whether it is the keeper, live brokers, last contact.
+        "fleet": s.fleet.as_ref().map(|f| f.status()),
         // Names and last use only: a key's value never leaves the keyring through the API.
         "client_keys": s.shared.client_keys.info(),
         "fallback": {

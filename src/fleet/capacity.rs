@@ -26,6 +26,10 @@ pub fn smooth(previous: f64, sample: usize) -> f64 {
     previous * (1.0 - SMOOTHING) + sample as f64 * SMOOTHING
 }
 
+/// Below this smoothed demand (half a request on average) a broker counts as idle: its
+/// reserved slot goes back to the busy ones within a few rebalances of its last request.
+pub const BUSY: f64 = 0.5;
+
 /// Split `max` slots among brokers by demand: each broker with demand gets one slot first
 /// (while there are slots), the rest go by D'Hondt (largest `demand / (slots + 1)`) up to
 /// what a broker can use (`ceil(demand)`); what nobody can use is spread evenly, so a request
@@ -38,7 +42,7 @@ pub fn apportion(max: u32, demands: &[f64]) -> Vec<u32> {
         return out;
     }
     let mut left = max;
-    let mut order: Vec<usize> = (0..n).filter(|&i| demands[i] > 0.01).collect();
+    let mut order: Vec<usize> = (0..n).filter(|&i| demands[i] >= BUSY).collect();
     order.sort_by(|&a, &b| demands[b].total_cmp(&demands[a]).then(a.cmp(&b)));
     for &i in &order {
         if left == 0 {

@@ -7,3 +7,124 @@
 //! (`crate::store::pg`). With SQLite (no `url`) none of this runs and a broker is on its own.
 
 pub mod capacity;
+pub mod keeper;
+pub mod members;
+pub mod shares;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::postgres::PgPool;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::state::Shared;
+
+/// A broker is gone this long after its last heartbeat (the database's clock).
+pub const GONE_AFTER: Duration = Duration::from_secs(5);
+
+/// How often a broker heartbeats its row and re-reads the fleet's.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// What this broker knows of its fleet: its name and instance, the pool on the fleet's
+/// database, the members as last read, and whether it is the keeper. Read by the admin API;
+/// written by the tasks of [`Fleet::start`].
+#[derive(Debug)]
+pub struct Fleet {
+    pool: PgPool,
+    name: String,
+    /// Random per process: two processes under one name are told apart (and warned about).
+    instance: String,
+    urls: OnceLock<(String, String)>,
+    keeper: AtomicBool,
+    members: Mutex<members::Seen>,
+    /// The shared config version in force (-1: none), heartbeated for the brokers' list.
+    config_version: AtomicI64,
+}
+
+impl Fleet {
+    /// The fleet of a store on PostgreSQL; `None` for SQLite (a broker alone).
+    pub fn of(store: &crate::store::Store) -> Option<Arc<Self>> {
+        let crate::store::Pool::Postgres(pool) = store.pool() else { return None };
+        Some(Arc::new(Self {
+            pool: pool.clone(),
+            name: store.broker().to_string(),
+            instance: uuid::Uuid::new_v4().simple().to_string(),
+            urls: OnceLock::new(),
+            keeper: AtomicBool::new(false),
+            members: Mutex::new(members::Seen::default()),
+            config_version: AtomicI64::new(-1),
+        }))
+    }
+
+    /// This broker's name among the fleet's.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Whether this broker runs the once-per-fleet jobs now.
+    pub fn is_keeper(&self) -> bool {
+        self.keeper.load(Ordering::Acquire)
+    }
+
+    /// The shared config version in force, when there is one.
+    pub fn config_version(&self) -> Option<i64> {
+        Some(self.config_version.load(Ordering::Acquire)).filter(|v| *v >= 0)
+    }
+
+    pub fn set_config_version(&self, version: i64) {
+        self.config_version.store(version, Ordering::Release);
+    }
+
+    /// The members as last read (at most one heartbeat old while the database answers).
+    pub fn members(&self) -> members::Seen {
+        self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Start heartbeats and membership, the keeper's election and jobs, and capacity shares,
+    /// once the listeners are up (their addresses go into the heartbeat).
+    pub fn start(self: &Arc<Self>, shared: &Arc<Shared>, tracker: &TaskTracker, cancel: &CancellationToken) {
+        let (proxy, _) = shared.front();
+        let proxy = proxy.first().cloned().unwrap_or_default();
+        let admin = shared.admin_addr().map(|a| format!("http://{a}")).unwrap_or_default();
+        let _ = self.urls.set((admin, proxy));
+        // Until the first rebalance, take no slot: another broker may hold them all.
+        for node in shared.registry.all().iter() {
+            node.set_fleet_share(0);
+        }
+        tracker.spawn(members::run(Arc::clone(self), Arc::clone(shared), cancel.clone()));
+        tracker.spawn(keeper::run(Arc::clone(self), shared.telemetry.store().cloned(), cancel.clone()));
+        tracker.spawn(shares::run(Arc::clone(self), Arc::clone(shared), cancel.clone()));
+        tracing::info!(broker = %self.name, instance = %self.instance, "fleet member: heartbeats, keeper election and capacity shares started");
+    }
+
+    /// What `/admin/status` shows under `fleet`.
+    pub fn status(&self) -> FleetStatus {
+        let seen = self.members();
+        FleetStatus {
+            broker: self.name.clone(),
+            keeper: self.is_keeper(),
+            live_brokers: seen.live(),
+            last_contact_ms_ago: seen.read_at.map(|t| t.elapsed().as_millis() as u64),
+            last_error: seen.last_error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct FleetStatus {
+    pub broker: String,
+    /// This broker runs the once-per-fleet jobs (marking gone brokers' requests, retention).
+    pub keeper: bool,
+    pub live_brokers: usize,
+    /// Since the membership was last read from the database; `None` before the first read.
+    pub last_contact_ms_ago: Option<u64>,
+    /// The last database error of the membership task, while it fails.
+    pub last_error: Option<String>,
+}

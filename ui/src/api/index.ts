@@ -13,5 +13,6 @@ export * from "./config";
 export * from "./requests";
 export * from "./charts";
 export * from "./models";
+export * from "./brokers";
 export * from "./events";
 export type * from "./types";

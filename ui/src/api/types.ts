@@ -660,3 +660,28 @@ export interface ErrorBody {
   /** For `invalid_config`: each problem, as `path: message`. */
   problems?: string[];
 }
+
+/** One broker of a fleet, as `GET /admin/brokers` lists it. */
+export interface Broker {
+  name: string;
+  admin_url: string;
+  proxy_url: string;
+  version: string;
+  config_version: number | null;
+  started_at_ms: number;
+  last_seen_ms: number;
+  last_seen_ms_ago: number;
+  in_flight: number;
+  queued: number;
+  keeper: boolean;
+  gone: boolean;
+}
+
+/** `GET /admin/brokers`: the fleet as this broker last read it (alone: itself). */
+export interface Brokers {
+  fleet: boolean;
+  this: string;
+  read_ms_ago: number | null;
+  error: string | null;
+  brokers: Broker[];
+}
