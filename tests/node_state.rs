@@ -134,7 +134,8 @@ async fn the_store_records_each_change_with_its_concrete_reason() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let down = events.iter().find(|e| e.node == "n1" && e.to_state == "unhealthy").expect("the change was recorded");
-    assert_eq!(down.reason, want, "{events:?}");
+    // The background probes may have failed on it too: "... (2 probes in a row)".
+    assert!(down.reason.starts_with(&want), "{events:?}");
     assert_eq!(down.from_state, "healthy");
     c.broker.shutdown().await;
 }
