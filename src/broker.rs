@@ -211,14 +211,24 @@ impl Broker {
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
         follow_client_keys(&shared, &tracker, &cancel).await;
         let fleet = shared.telemetry.store().and_then(crate::fleet::Fleet::of);
+        if let Some(path) = &options.config_path {
+            shared.set_config_file(path.clone());
+        }
+        // A fleet member serves the fleet's config from its first request on.
+        let mut config_sync =
+            fleet.as_ref().map(|f| crate::fleet::config::Sync::new(Arc::clone(f), Arc::clone(&shared)));
+        if let (Some(fleet), Some(sync)) = (&fleet, config_sync.as_mut()) {
+            crate::fleet::config::first_sync(sync).await;
+            crate::fleet::keys::first_load(fleet, &shared.client_keys).await;
+        }
         let (proxy_addrs, admin_addr) = sockets.serve(&shared, &admin_token, fleet.clone(), &tracker, &cancel).await?;
         shared.set_front(proxy_addrs.iter().map(|a| format!("http://{a}")).collect(), options.demo);
         shared.set_admin_addr(admin_addr);
         if let Some(path) = options.config_path {
             watch_config_file(path, &shared, &tracker, &cancel);
         }
-        if let Some(fleet) = &fleet {
-            fleet.start(&shared, &tracker, &cancel);
+        if let (Some(fleet), Some(sync)) = (&fleet, config_sync) {
+            fleet.start(&shared, sync, &tracker, &cancel);
         }
         let probes = cancel.child_token();
         spawn_probes(&tracker, Arc::clone(&registry), &shared.config(), shared.health_config(), probes.clone())?;

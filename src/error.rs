@@ -122,6 +122,15 @@ pub enum BrokerError {
     /// A value over a cap of the category's `limits` with `over_limit = "refuse"`.
     #[error("{field} {asked} is over category \"{category}\"'s limit of {limit}; ask for at most {limit}")]
     OverLimit { category: String, field: String, asked: String, limit: String },
+    /// A client key past its `[[quotas]]` for this window (`quota.rs`).
+    #[error("client key \"{key}\" has used {used} of its {of} {limit} in this window; try again in {retry_after} s")]
+    QuotaExceeded { key: String, limit: &'static str, used: u64, of: u64, retry_after: u64 },
+}
+
+impl From<crate::quota::Refusal> for BrokerError {
+    fn from(r: crate::quota::Refusal) -> Self {
+        Self::QuotaExceeded { key: r.key, limit: r.limit, used: r.used, of: r.of, retry_after: r.retry_after_s }
+    }
 }
 
 impl BrokerError {
@@ -166,6 +175,7 @@ impl BrokerError {
             Self::DuplicateRequest { .. } => "duplicate_request",
             Self::IdempotencyKeyReused { .. } => "idempotency_key_reused",
             Self::OverLimit { .. } => "over_limit",
+            Self::QuotaExceeded { .. } => "quota_exceeded",
         }
     }
 
@@ -189,7 +199,9 @@ impl BrokerError {
             Self::IdempotencyKeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::CategoryNotAllowed { .. } => StatusCode::FORBIDDEN,
-            Self::QueueFull { .. } | Self::CloudRateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueueFull { .. } | Self::CloudRateLimited { .. } | Self::QuotaExceeded { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BodyTooLarge { .. } | Self::RedactTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ModelNotFound { .. } | Self::UnknownRoute { .. } => StatusCode::NOT_FOUND,
@@ -246,9 +258,9 @@ impl BrokerError {
     /// rate-limiting provider asked for, else 1 for anything retryable.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            Self::CloudRateLimited { retry_after, .. } | Self::CloudFailed { retry_after: Some(retry_after), .. } => {
-                Some(*retry_after)
-            }
+            Self::CloudRateLimited { retry_after, .. }
+            | Self::CloudFailed { retry_after: Some(retry_after), .. }
+            | Self::QuotaExceeded { retry_after, .. } => Some(*retry_after),
             _ => self.is_retryable().then_some(1),
         }
     }
@@ -406,6 +418,7 @@ mod tests {
             E::DuplicateRequest { .. } => E::DuplicateRequest { first: "".into(), outcome: "".into() },
             E::IdempotencyKeyReused { .. } => E::IdempotencyKeyReused { first: "".into() },
             E::OverLimit { .. } => E::OverLimit { category: "".into(), field: "".into(), asked: "".into(), limit: "".into() },
+            E::QuotaExceeded { .. } => E::QuotaExceeded { key: "".into(), limit: "requests", used: 1, of: 1, retry_after: 1 },
         })
     }
 

@@ -25,6 +25,7 @@ pub mod otlp;
 pub mod outcome;
 pub mod plan;
 pub mod proxy;
+pub mod quota;
 pub mod redact;
 pub mod reload;
 pub mod retry;

@@ -38,6 +38,9 @@ impl ReloadError {
 /// Re-read `path` and apply it. Returns the changed keys that take effect only at the next
 /// restart (the running values stay for those).
 pub fn reload(path: &Path, shared: &Shared) -> Result<Vec<&'static str>, ReloadError> {
+    // Read and apply under the edit lock: a file read just before an edit is written must
+    // not be applied after it (it would undo the edit).
+    let _one_at_a_time = shared.edit_lock();
     let next = Config::load(path)?;
     let current = shared.config();
     let pending = crate::state::restart_needed(&current, &next);

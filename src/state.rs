@@ -104,6 +104,8 @@ pub struct Shared {
     edits: std::sync::Mutex<()>,
     /// The probe schedule, watched by the health task.
     health: tokio::sync::watch::Sender<HealthConfig>,
+    /// Counts every `apply()`: the fleet's config task wakes on it to publish a local edit.
+    applied: tokio::sync::watch::Sender<u64>,
     /// False while an operator has paused the broker: new requests get 503 `paused`.
     accepting: AtomicBool,
     seed: Option<u64>,
@@ -141,6 +143,7 @@ impl Shared {
             None => SmallRng::from_entropy(),
         };
         telemetry.set_alerts(config.alerts.clone());
+        telemetry.quotas().set_rules(config.quotas.clone());
         let read_ahead_total = config.proxy.stream_buffer_total_bytes.min(tokio::sync::Semaphore::MAX_PERMITS);
         Self {
             read_ahead: Arc::new(tokio::sync::Semaphore::new(read_ahead_total)),
@@ -149,6 +152,7 @@ impl Shared {
             admission: Arc::new(Admission::new(Arc::clone(&registry), config.queue.clone())),
             retry_budget: RetryBudget::new(config.retry.budget_ratio, config.retry.budget_min_per_sec),
             health: tokio::sync::watch::Sender::new(config.health.clone()),
+            applied: tokio::sync::watch::Sender::new(0),
             config: ArcSwap::from_pointee(config),
             registry,
             client,
@@ -240,7 +244,13 @@ impl Shared {
 
     /// Every client key name a listener accepts.
     pub fn client_key_names(&self) -> std::collections::BTreeSet<String> {
-        self.config().listeners.iter().flat_map(|l| l.api_keys.iter().cloned()).collect()
+        let names = self
+            .config()
+            .listeners
+            .iter()
+            .flat_map(|l| l.api_keys.iter().cloned())
+            .collect::<std::collections::BTreeSet<_>>();
+        names.into_iter().filter(|n| n != crate::config::ANY_FLEET_KEY).collect()
     }
 
     /// The probe schedule; changes when a reload changes `[health]`.
@@ -260,11 +270,18 @@ impl Shared {
         self.admission.set_limits(next.queue.clone());
         self.retry_budget.set_policy(next.retry.budget_ratio, next.retry.budget_min_per_sec);
         self.telemetry.set_alerts(next.alerts.clone());
+        self.telemetry.quotas().set_rules(next.quotas.clone());
         if prev.health != next.health {
             self.health.send_replace(next.health.clone());
         }
         self.config.store(Arc::new(next));
         self.admission.dispatch();
+        self.applied.send_modify(|n| *n += 1);
+    }
+
+    /// Changes on every `apply()` (whatever made it: an edit, an import, a reload).
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// Nodes: add new, drop gone (their in-flight requests finish), retune the rest in place.

@@ -255,6 +255,8 @@ pub struct Telemetry {
     exporter: Option<crate::otlp::Exporter>,
     /// Per-client-key usage, counted as requests finish (on in a fleet only; `clients::Usage`).
     usage: Arc<crate::clients::Usage>,
+    /// Client-key quotas: tokens are added as requests finish (`quota.rs`).
+    quotas: Arc<crate::quota::Quotas>,
 }
 
 /// Unauthenticated rejections recorded row by row per second; the rest are only counted.
@@ -295,6 +297,7 @@ impl Telemetry {
             unauthenticated: std::sync::Mutex::new((0, 0)),
             exporter: None,
             usage: Arc::default(),
+            quotas: Arc::default(),
         }
     }
 
@@ -362,6 +365,11 @@ impl Telemetry {
     /// Per-client-key usage counted as requests finish (off unless a fleet turned it on).
     pub fn usage(&self) -> &Arc<crate::clients::Usage> {
         &self.usage
+    }
+
+    /// Client-key quotas in force and their windows.
+    pub fn quotas(&self) -> &Arc<crate::quota::Quotas> {
+        &self.quotas
     }
 
     pub fn publish(&self, e: Event) {
@@ -625,6 +633,8 @@ impl Trace {
         }
         if let Some(client) = self.client.take() {
             self.telemetry.usage.count(&client, self.row.prompt_tokens, self.row.completion_tokens);
+            let tokens = self.row.prompt_tokens.unwrap_or(0).max(0) + self.row.completion_tokens.unwrap_or(0).max(0);
+            self.telemetry.quotas.add_tokens(&client, tokens as u64, crate::quota::now_s());
         }
         self.telemetry.finish(std::mem::take(&mut self.row));
     }

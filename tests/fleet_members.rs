@@ -18,10 +18,14 @@ use serde_json::{json, Value};
 /// (0.5 s) for the rows, and 1.5 s for a loaded machine (docs/fleet.md says 8 s).
 const GONE_BOUND: Duration = Duration::from_secs(8);
 
-fn config_file(node: &str, db: &str) -> std::path::PathBuf {
+/// A's file: the same nodes as B (a fleet shares its config; B published it first, and A takes
+/// the fleet's at start whatever its file says).
+fn config_file(nodes: [&str; 2], db: &str) -> std::path::PathBuf {
     let text = format!(
-        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[health]\ninterval_ms = 100\n\n\
-         [store]\nurl = \"{db}\"\nbroker = \"gw-a\"\n\n[[nodes]]\nname = \"slow\"\nurl = \"{node}\"\nmax_concurrency = 16\n"
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n\
+         [store]\nurl = \"{db}\"\nbroker = \"gw-a\"\n\n[[nodes]]\nname = \"n0\"\nurl = \"{}\"\n\n\
+         [[nodes]]\nname = \"n1\"\nurl = \"{}\"\n",
+        nodes[0], nodes[1]
     );
     let dir = std::env::temp_dir().join(format!("corral-fleet-members-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
@@ -53,22 +57,23 @@ where
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_broker_is_shown_gone_and_its_running_requests_unknown() {
     let Some(db) = common::pg::fresh_database("fleet_members").await else { return };
-    // B in this process with node n0 (llama3.2); A a `corral serve` process in front of n1
-    // alone, whose streams stall after three chunks so that they are running when A dies.
+    // B in this process, A a `corral serve` process, both in front of n0 (llama3.2, B's
+    // clients) and n1 (slow:1b, whose streams stall after three chunks so that A's are
+    // running when A dies).
     let b_db = db.clone();
     let b = cluster(2)
         .models(1, &["slow:1b"])
         .config(move |cfg| {
             cfg.store.url = Some(b_db);
             cfg.store.broker = Some("gw-b".into());
-            cfg.nodes.truncate(1);
+            cfg.nodes[1].max_concurrency = 16;
         })
         .start()
         .await;
     b.learn_models().await;
     b.sims[1].set_faults(Faults { hang_after: Some(3), ..Faults::default() });
     let pool = sqlx::PgPool::connect(&db).await.expect("connect");
-    let cfg = config_file(&b.sims[1].url(), &db);
+    let cfg = config_file([&b.sims[0].url(), &b.sims[1].url()], &db);
     let mut a =
         Proc::spawn_env(&["serve", "--config", cfg.to_str().unwrap_or_default()], &[("CORRAL_ADMIN_TOKEN", TOKEN)]);
     let a_proxy = a.url("serving the Ollama API on");

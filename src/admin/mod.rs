@@ -25,6 +25,7 @@ mod config;
 mod drill;
 mod error;
 mod events;
+mod fleet_keys;
 mod latency;
 mod models;
 mod nodes;
@@ -223,6 +224,12 @@ pub const ROUTES: &[Route] = &[
         "/admin/settings",
         |m| on(m, settings::put),
         says("Change settings: any subset of the sections").takes(schema::<settings::SettingsPatch>),
+    ),
+    protected(
+        Method::GET,
+        "/admin/client-keys",
+        |m| on(m, settings::list_keys),
+        says("Every client key: listeners, last use, quota window, and in a fleet its usage over every broker"),
     ),
     protected(
         Method::POST,

@@ -104,6 +104,12 @@ fn retention_of(store: &crate::config::StoreConfig) -> Retention {
     }
 }
 
+/// `GET /admin/client-keys`: the same list as the settings' `client_keys`.
+pub(super) async fn list_keys(State(s): State<AdminState>) -> Json<Value> {
+    let boot = at_next_start(&s);
+    Json(client_keys(&s, &boot).await)
+}
+
 /// Every client key a listener names (or the keyring holds as a client key), with the
 /// listeners that ask for it, whether its value is in the keyring, and its last use.
 async fn client_keys(s: &AdminState, boot: &Config) -> Value {
@@ -114,17 +120,31 @@ async fn client_keys(s: &AdminState, boot: &Config) -> Value {
         names.extend(entries.iter().filter(|e| e.purpose == "client").map(|e| e.name.clone()));
     }
     let used = s.shared.client_keys.info();
+    let (fleet_names, usage, fleet_error) = match &s.fleet {
+        Some(f) => super::fleet_keys::listed(f).await,
+        None => Default::default(),
+    };
+    names.extend(fleet_names.iter().cloned());
+    names.remove(crate::config::ANY_FLEET_KEY);
+    let quotas = s.shared.telemetry.quotas().view(crate::quota::now_s());
     let keys: Vec<Value> = names
         .into_iter()
         .map(|name| {
-            let on: Vec<usize> =
-                boot.listeners.iter().enumerate().filter(|(_, l)| l.api_keys.contains(&name)).map(|(i, _)| i).collect();
+            let fleet_key = fleet_names.contains(&name);
+            let takes = |l: &crate::config::ListenerConfig| {
+                l.api_keys.contains(&name)
+                    || (fleet_key && l.api_keys.iter().any(|k| k == crate::config::ANY_FLEET_KEY))
+            };
+            let on: Vec<usize> = boot.listeners.iter().enumerate().filter(|(_, l)| takes(l)).map(|(i, _)| i).collect();
             let in_keyring = stored.as_ref().ok().map(|e| e.iter().any(|x| x.name == name));
             let last_used = used.iter().find(|k| k.name == name).and_then(|k| k.last_used);
-            json!({ "name": name, "listeners": on, "stored": in_keyring, "last_used": last_used })
+            let quota = quotas.iter().find(|q| q.key == name);
+            let row =
+                json!({ "name": name, "listeners": on, "stored": in_keyring, "last_used": last_used, "quota": quota });
+            super::fleet_keys::with_usage(row, &usage, &fleet_names)
         })
         .collect();
-    json!({ "keys": keys, "keyring_error": stored.err().map(|e| e.to_string()) })
+    json!({ "keys": keys, "keyring_error": stored.err().map(|e| e.to_string()), "fleet_error": fleet_error })
 }
 
 /// A `PUT /admin/settings` body: any subset of the sections, each any subset of its keys.
@@ -329,6 +349,9 @@ pub(super) async fn create(
 ) -> Result<(StatusCode, Json<Value>), AdminError> {
     let ask: NewKey = parse(&body)?;
     crate::secrets::check_name(&ask.name)?;
+    if let Some(fleet) = &s.fleet {
+        return super::fleet_keys::create(&s, fleet, ask.name, new_key_value(), ask.listeners).await;
+    }
     let name = ask.name.clone();
     if keyring(move || crate::secrets::client_key(&name).map(|_| true).or_else(not_found_is_false)).await? {
         return Err(AdminError::Conflict { kind: "client key", name: ask.name });
@@ -380,8 +403,18 @@ fn not_found_is_false(e: SecretError) -> Result<bool, SecretError> {
 /// within a second); the name leaves each listener's list where other keys remain.
 pub(super) async fn revoke(State(s): State<AdminState>, Path(name): Path<String>) -> Result<Json<Value>, AdminError> {
     crate::secrets::check_name(&name)?;
+    let in_fleet = match &s.fleet {
+        Some(fleet) => super::fleet_keys::revoke(fleet, &s, &name).await?,
+        None => false,
+    };
     let n = name.clone();
-    let deleted = keyring(move || crate::secrets::delete(&n).map(|_| true).or_else(not_found_is_false)).await?;
+    let in_keyring = keyring(move || crate::secrets::delete(&n).map(|_| true).or_else(not_found_is_false));
+    // A fleet member's keyring may not answer at all (a headless server): that is no error here.
+    let deleted = match in_keyring.await {
+        Ok(d) => d || in_fleet,
+        Err(_) if in_fleet => true,
+        Err(e) => return Err(e),
+    };
     let before = at_next_start(&s);
     let mut boot = before.clone();
     let mut kept_on = Vec::new();

@@ -24,8 +24,8 @@ pub use edit::{edit_text, write_into, EditError};
 pub use schema::{
     model_key, normalize_model, AdminConfig, AlertsConfig, BreakerConfig, CategoryConfig, CloudPermission, Config,
     DegradeOrder, HealthConfig, ListenerConfig, NodeConfig, NodeKind, Origin, OverLimit, Policy, ProviderConfig,
-    ProxyConfig, QueueConfig, RequestLimits, RetryConfig, StoreConfig, DEFAULT_ADMIN_ADDR, DEFAULT_NODE_URL,
-    DEFAULT_PROXY_ADDR,
+    ProxyConfig, QueueConfig, QuotaConfig, RequestLimits, RetryConfig, StoreConfig, ANY_FLEET_KEY, DEFAULT_ADMIN_ADDR,
+    DEFAULT_NODE_URL, DEFAULT_PROXY_ADDR,
 };
 pub use share::{
     export_text, import, plan, redacted_url, secret_names, share_text, Accept, Change, FieldChange, ImportMode, Plan,
@@ -144,11 +144,12 @@ impl Config {
                 "store" => section(&locator, path, value, &mut problems, &mut config.store),
                 "alerts" => section(&locator, path, value, &mut problems, &mut config.alerts),
                 "telemetry" => section(&locator, path, value, &mut problems, &mut config.telemetry),
+                "quotas" => section_array(&locator, path, value, &mut problems, &mut config.quotas),
                 other => problems.push(Problem {
                     path: other.to_string(),
                     line: locator.line(other, None),
                     message:
-                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts, telemetry"
+                        "unknown section; known: listeners, admin, nodes, categories, providers, proxy, health, breaker, retry, queue, store, alerts, telemetry, quotas"
                             .into(),
                 }),
             }

@@ -15,6 +15,10 @@ pub const DEFAULT_PROXY_ADDR: &str = "127.0.0.1:11400";
 pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:11402";
 pub const DEFAULT_NODE_URL: &str = "http://127.0.0.1:11434";
 
+/// In a listener's `api_keys`: every client key of the fleet (any verifier the fleet's
+/// database holds), so keys created on any broker work here without naming each one.
+pub const ANY_FLEET_KEY: &str = "*";
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -31,6 +35,9 @@ pub struct Config {
     pub store: StoreConfig,
     pub alerts: AlertsConfig,
     pub telemetry: TelemetryConfig,
+    /// Per client key: requests and tokens per window (`quota.rs`; fleet-wide with a fleet).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quotas: Vec<QuotaConfig>,
 }
 
 impl Default for Config {
@@ -49,7 +56,28 @@ impl Default for Config {
             store: StoreConfig::default(),
             alerts: AlertsConfig::default(),
             telemetry: TelemetryConfig::default(),
+            quotas: Vec::new(),
         }
+    }
+}
+
+/// `[[quotas]]`: how much one client key (or each key, `key = "*"`) may use per window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuotaConfig {
+    /// A client key's name (as in a listener's `api_keys`), or `"*"`: each key on its own.
+    pub key: String,
+    /// Requests per window; 0: no limit.
+    pub requests: u64,
+    /// Prompt plus output tokens per window; 0: no limit.
+    pub tokens: u64,
+    /// The window in seconds, fixed from the unix epoch (86400: each UTC day).
+    pub window_s: u64,
+}
+
+impl Default for QuotaConfig {
+    fn default() -> Self {
+        Self { key: String::new(), requests: 0, tokens: 0, window_s: 86_400 }
     }
 }
 

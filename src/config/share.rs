@@ -165,6 +165,7 @@ fn propose(base: &Config, incoming: &Config, raw: Option<&toml::Table>, mode: Im
     next.retry = take_section(&base.retry, &incoming.retry, raw, "retry", mode);
     next.queue = take_section(&base.queue, &incoming.queue, raw, "queue", mode);
     next.alerts = take_section(&base.alerts, &incoming.alerts, raw, "alerts", mode);
+    next.quotas = combine(&base.quotas, &incoming.quotas, section(raw, "quotas"), |q| &q.key, mode);
     next
 }
 
@@ -272,6 +273,7 @@ fn diff(base: &Config, next: &Config) -> Vec<Change> {
     list_diff("node", &base.nodes, &next.nodes, |n| &n.name, &mut changes);
     list_diff("category", &base.categories, &next.categories, |c| &c.name, &mut changes);
     list_diff("provider", &base.providers, &next.providers, |p| &p.name, &mut changes);
+    list_diff("quota", &base.quotas, &next.quotas, |q| &q.key, &mut changes);
     let sections = [
         ("proxy", fields(&base.proxy, &next.proxy)),
         ("health", fields(&base.health, &next.health)),

@@ -86,6 +86,7 @@ impl Config {
         telemetry(self, &mut out);
         store(self, &mut out);
         retry(self, &mut out);
+        quotas(self, &mut out);
         out
     }
 
@@ -138,7 +139,7 @@ fn listeners(c: &Config, out: &mut Found) -> HashSet<SocketAddr> {
             }
         }
         for (j, k) in l.api_keys.iter().enumerate() {
-            if crate::secrets::check_name(k).is_err() {
+            if k != super::ANY_FLEET_KEY && crate::secrets::check_name(k).is_err() {
                 push(
                     out,
                     format!("listeners[{i}].api_keys[{j}]"),
@@ -523,6 +524,29 @@ fn retry(c: &Config, out: &mut Found) {
     }
     if c.retry.backoff_cap_ms < c.retry.backoff_base_ms {
         push(out, "retry.backoff_cap_ms", "must not be smaller than retry.backoff_base_ms");
+    }
+}
+
+/// Each quota names one key (or `"*"`) once, limits something, over a window from a minute
+/// to 31 days.
+fn quotas(c: &Config, out: &mut Found) {
+    let mut seen = HashSet::new();
+    for (i, q) in c.quotas.iter().enumerate() {
+        if q.key != super::ANY_FLEET_KEY && crate::secrets::check_name(&q.key).is_err() {
+            push(
+                out,
+                format!("quotas[{i}].key"),
+                format!("\"{}\" is not a client key name (a-z, 0-9, '-', '_', '.') or \"*\"", q.key),
+            );
+        } else if !seen.insert(q.key.as_str()) {
+            push(out, format!("quotas[{i}].key"), format!("\"{}\" has a quota already", q.key));
+        }
+        if q.requests == 0 && q.tokens == 0 {
+            push(out, format!("quotas[{i}]"), "limits nothing: set requests or tokens (or both)");
+        }
+        if !(60..=31 * 86_400).contains(&q.window_s) {
+            push(out, format!("quotas[{i}].window_s"), "must be between 60 (a minute) and 2678400 (31 days)");
+        }
     }
 }
 

@@ -28,6 +28,9 @@ const MARK_GONE_SQL: &str = "UPDATE requests SET status = 'unknown' WHERE status
 const FORGET_SQL: &str = "WITH old AS (DELETE FROM brokers WHERE last_seen < now() - interval '1 day' RETURNING name) \
      DELETE FROM node_shares WHERE broker IN (SELECT name FROM old)";
 
+/// Quota windows end within 31 days; their rows are kept a day past that.
+const OLD_QUOTAS_SQL: &str = "DELETE FROM quota_use WHERE updated_at < now() - interval '32 days'";
+
 /// Try for the lock every [`PERIOD`]; while held, run the jobs. A lost connection loses the
 /// lock with it: this broker stops being the keeper and tries again on a new connection.
 pub async fn run(fleet: Arc<Fleet>, store: Option<crate::store::Store>, cancel: CancellationToken) {
@@ -84,6 +87,7 @@ async fn turn(fleet: &Fleet, store: Option<&crate::store::Store>, conn: &mut PgC
         tracing::warn!(rows = marked, "requests left running by a gone broker marked unknown");
     }
     sqlx::query(FORGET_SQL).execute(&mut *conn).await?;
+    sqlx::query(OLD_QUOTAS_SQL).execute(&mut *conn).await?;
     Ok(())
 }
 

@@ -7,7 +7,9 @@
 //! (`crate::store::pg`). With SQLite (no `url`) none of this runs and a broker is on its own.
 
 pub mod capacity;
+pub mod config;
 pub mod keeper;
+pub mod keys;
 pub mod members;
 pub mod shares;
 
@@ -42,6 +44,8 @@ pub struct Fleet {
     members: Mutex<members::Seen>,
     /// The shared config version in force (-1: none), heartbeated for the brokers' list.
     config_version: AtomicI64,
+    /// How the shared config stands here, for `/admin/status`.
+    sync: Mutex<config::ConfigSync>,
 }
 
 impl Fleet {
@@ -56,6 +60,7 @@ impl Fleet {
             keeper: AtomicBool::new(false),
             members: Mutex::new(members::Seen::default()),
             config_version: AtomicI64::new(-1),
+            sync: Mutex::new(config::ConfigSync::default()),
         }))
     }
 
@@ -82,14 +87,25 @@ impl Fleet {
         self.config_version.store(version, Ordering::Release);
     }
 
+    pub fn update_sync(&self, change: impl FnOnce(&mut config::ConfigSync)) {
+        change(&mut self.sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+
     /// The members as last read (at most one heartbeat old while the database answers).
     pub fn members(&self) -> members::Seen {
         self.members.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// Start heartbeats and membership, the keeper's election and jobs, and capacity shares,
-    /// once the listeners are up (their addresses go into the heartbeat).
-    pub fn start(self: &Arc<Self>, shared: &Arc<Shared>, tracker: &TaskTracker, cancel: &CancellationToken) {
+    /// Start heartbeats and membership, the keeper's election and jobs, capacity shares and
+    /// the shared config's task (after its first sync), once the listeners are up (their
+    /// addresses go into the heartbeat).
+    pub fn start(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        sync: config::Sync,
+        tracker: &TaskTracker,
+        cancel: &CancellationToken,
+    ) {
         let (proxy, _) = shared.front();
         let proxy = proxy.first().cloned().unwrap_or_default();
         let admin = shared.admin_addr().map(|a| format!("http://{a}")).unwrap_or_default();
@@ -101,6 +117,15 @@ impl Fleet {
         tracker.spawn(members::run(Arc::clone(self), Arc::clone(shared), cancel.clone()));
         tracker.spawn(keeper::run(Arc::clone(self), shared.telemetry.store().cloned(), cancel.clone()));
         tracker.spawn(shares::run(Arc::clone(self), Arc::clone(shared), cancel.clone()));
+        tracker.spawn(config::run(sync, cancel.clone()));
+        tracker.spawn(keys::run(
+            Arc::clone(self),
+            Arc::clone(&shared.client_keys),
+            Arc::clone(shared.telemetry.usage()),
+            Arc::clone(shared.telemetry.quotas()),
+            cancel.clone(),
+        ));
+        tracker.spawn(config::watch_secrets(Arc::clone(self), Arc::clone(shared), cancel.clone()));
         tracing::info!(broker = %self.name, instance = %self.instance, "fleet member: heartbeats, keeper election and capacity shares started");
     }
 
@@ -113,6 +138,7 @@ impl Fleet {
             live_brokers: seen.live(),
             last_contact_ms_ago: seen.read_at.map(|t| t.elapsed().as_millis() as u64),
             last_error: seen.last_error.clone(),
+            config: self.sync.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone(),
         }
     }
 }
@@ -127,4 +153,6 @@ pub struct FleetStatus {
     pub last_contact_ms_ago: Option<u64>,
     /// The last database error of the membership task, while it fails.
     pub last_error: Option<String>,
+    /// The shared config: version in force, a refused version and why, missing secrets.
+    pub config: config::ConfigSync,
 }

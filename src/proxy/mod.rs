@@ -200,6 +200,12 @@ async fn admitted(
 ) -> (Response, Option<u32>) {
     match authenticate(state, req.headers_mut()) {
         Ok(client) => {
+            if let Some(refused) = client.as_deref().and_then(|name| over_quota(state, &req, name)) {
+                let e = BrokerError::from(refused);
+                let trace = state.shared.telemetry.begin(id, req.uri().path(), origin_name(state), client_id);
+                trace.finish("client_error", Some(e.status().as_u16()), Some(e.code()));
+                return (e.into_response(), None);
+            }
             tracing::debug!(request_id = %id, client = client.as_deref().unwrap_or(""), "admitted");
             req.extensions_mut().insert(ClientName(client));
             traced(state, req, id, client_id).await
@@ -213,6 +219,15 @@ async fn admitted(
             (e.into_response(), None)
         }
     }
+}
+
+/// Count the request against its client key's quota; the refusal when it is used up. Requests
+/// Corral answers itself (`GET /`, `/api/version`) are not counted.
+fn over_quota(state: &ProxyState, req: &Request, client: &str) -> Option<crate::quota::Refusal> {
+    if classify(req.method(), req.uri().path()).is_some_and(Endpoint::is_local) {
+        return None;
+    }
+    state.shared.telemetry.quotas().admit(client, crate::quota::now_s()).err()
 }
 
 fn origin_name(state: &ProxyState) -> &'static str {
