@@ -28,7 +28,7 @@ pub async fn run(config: Option<&Path>, notify: bool, listen: Option<&str>, admi
     tracing::info!(config = %source, nodes = config.nodes.len(), "starting broker");
     for (name, state) in super::secret::states(&config) {
         if state != "set" {
-            tracing::warn!(secret = %name, state, "a provider's secret is not in the OS keyring; set it with `corral secret set {name}`");
+            tracing::warn!(secret = %name, state, "a secret the config names is not in the OS keyring; set it with `corral secret set {name}`");
         }
     }
     let admin_token = match super::env_token() {

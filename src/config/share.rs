@@ -486,7 +486,8 @@ pub fn secret_names(config: &Config) -> Vec<String> {
         .iter()
         .map(|p| p.secret.clone())
         .chain(config.listeners.iter().flat_map(|l| l.api_keys.iter().cloned()))
-        .filter(|s| !s.is_empty())
+        // `"*"` names no secret: it takes the fleet's keys, which live in its database.
+        .filter(|s| !s.is_empty() && s != super::ANY_FLEET_KEY)
         .collect();
     names.sort();
     names.dedup();

@@ -107,7 +107,7 @@ impl Fleet {
         cancel: &CancellationToken,
     ) {
         let (proxy, _) = shared.front();
-        let proxy = proxy.first().cloned().unwrap_or_default();
+        let proxy = reachable(proxy.first().map(String::as_str).unwrap_or_default());
         let admin = shared.admin_addr().map(|a| format!("http://{a}")).unwrap_or_default();
         let _ = self.urls.set((admin, proxy));
         // Until the first rebalance, take no slot: another broker may hold them all.
@@ -143,6 +143,16 @@ impl Fleet {
     }
 }
 
+/// A listener's URL as other machines reach it: one bound to every address (`0.0.0.0`, `[::]`)
+/// is shown under this host's name.
+fn reachable(url: &str) -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    match url.strip_prefix("http://0.0.0.0:").or_else(|| url.strip_prefix("http://[::]:")) {
+        Some(port) if !host.is_empty() => format!("http://{host}:{port}"),
+        _ => url.to_string(),
+    }
+}
+
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct FleetStatus {
     pub broker: String,
@@ -155,4 +165,15 @@ pub struct FleetStatus {
     pub last_error: Option<String>,
     /// The shared config: version in force, a refused version and why, missing secrets.
     pub config: config::ConfigSync,
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_listener_on_every_address_is_shown_under_the_host_name() {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        assert_eq!(super::reachable("http://0.0.0.0:11400"), format!("http://{host}:11400"));
+        assert_eq!(super::reachable("http://[::]:11400"), format!("http://{host}:11400"));
+        assert_eq!(super::reachable("http://10.0.0.11:11400"), "http://10.0.0.11:11400");
+    }
 }

@@ -25,6 +25,18 @@ export interface ClientKeyInfo {
   stored: boolean | null;
   /** Unix ms of its last use since the broker started. */
   last_used: number | null;
+  /** A fleet key: its verifier is in the fleet's database (works on every broker). */
+  fleet?: boolean;
+  /** In a fleet: its use summed over every broker. */
+  usage?: { requests: number; prompt_tokens: number; output_tokens: number };
+  /** Its `[[quotas]]` window, once it has one. */
+  quota?: {
+    used: { requests: number; tokens: number };
+    requests: number;
+    tokens: number;
+    window_s: number;
+    window_ends_s: number;
+  } | null;
 }
 
 export interface Settings {
@@ -38,7 +50,7 @@ export interface Settings {
   retry: Section;
   store: Section;
   pending_restart: string[];
-  client_keys: { keys: ClientKeyInfo[]; keyring_error: string | null };
+  client_keys: { keys: ClientKeyInfo[]; keyring_error: string | null; fleet_error?: string | null };
   /** On a PUT's answer. */
   saved_to?: string | null;
   restart_needed?: string[];
