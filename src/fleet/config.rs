@@ -440,6 +440,31 @@ mod tests {
         assert!(unknown.contains("intervall_ms"), "{unknown}");
     }
 
+    /// A version written into a broker's file and read back must be the same version, or the
+    /// reload would look like a local edit and two brokers would publish it back and forth.
+    #[test]
+    fn the_readme_config_survives_the_fleet_s_round_trip_through_a_file() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```toml\n").expect("README has a config example") + "```toml\n".len();
+        let text = &readme[start..start + readme[start..].find("```").expect("closed")];
+        let config = Config::parse(text).expect("the README's config is valid");
+        let mut remote = shared_part(&config);
+        // A version from elsewhere: one field changed, so the file really is written.
+        if let Some(Value::Table(h)) = remote.get_mut("health") {
+            h.insert("interval_ms".into(), Value::Integer(4321));
+        }
+        let next = with_shared(&config, &remote).expect("applies");
+        assert_eq!(shared_part(&next), remote, "applied as published");
+        let dir = std::env::temp_dir().join(format!("corral-fleet-roundtrip-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("corral.toml");
+        std::fs::write(&file, text).expect("write");
+        crate::config::write_into(&file, &next).expect("written into the file");
+        let back = Config::load(&file).expect("reads back");
+        assert_eq!(shared_part(&back), remote, "the file read back is the version, not a local edit");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn two_edits_on_one_version_merge_per_key_and_per_named_item() {
         let base = table("[health]\ninterval_ms = 1000\ntimeout_ms = 500\n[[nodes]]\nname = \"a\"\nweight = 1\n[[nodes]]\nname = \"b\"\nweight = 1\n");
