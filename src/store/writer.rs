@@ -258,9 +258,28 @@ fn rollups_of<'a>(finished: &[&'a RequestRow]) -> Rollups<'a> {
     rollups
 }
 
+/// The most rows in one multi-row statement.
+const CHUNK: usize = 64;
+
+/// `rows` cut into statements of [`CHUNK`] rows, then of the powers of two below it: any batch
+/// is written with at most seven distinct statement texts, each prepared once and cached, where
+/// a statement per batch size would be parsed afresh for nearly every batch (and a cache of
+/// large prepared statements costs megabytes per connection).
+fn chunks<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        if rows.is_empty() {
+            return None;
+        }
+        let n = if rows.len() >= CHUNK { CHUNK } else { 1 << rows.len().ilog2() };
+        let (head, rest) = rows.split_at(n);
+        rows = rest;
+        Some(head)
+    })
+}
+
 async fn insert_started(tx: &mut Tx<'_>, started: &[&Started], broker: &str) -> Result<(), sqlx::Error> {
-    // Multi-row statements: one round trip per few hundred rows.
-    on_engine!(Tx, tx, |t| for chunk in started.chunks(500) {
+    // Multi-row statements: one round trip per few dozen rows.
+    on_engine!(Tx, tx, |t| for chunk in chunks(started) {
         let mut q = sqlx::QueryBuilder::new(
             "INSERT INTO requests (id, started_at, endpoint, status, client_request_id, broker) ",
         );
@@ -280,7 +299,7 @@ async fn insert_started(tx: &mut Tx<'_>, started: &[&Started], broker: &str) -> 
 }
 
 async fn upsert_finished(tx: &mut Tx<'_>, finished: &[&RequestRow], broker: &str) -> Result<(), sqlx::Error> {
-    on_engine!(Tx, tx, |t| for chunk in finished.chunks(400) {
+    on_engine!(Tx, tx, |t| for chunk in chunks(finished) {
         let mut q = sqlx::QueryBuilder::new(
             "INSERT INTO requests (id, started_at, finished_at, endpoint, category, origin, model, node, attempts, \
              fallback, status, http_status, error_code, queued_ms, ttfb_ms, total_ms, prompt_tokens, completion_tokens, \
@@ -378,6 +397,17 @@ async fn upsert_rollups(tx: &mut Tx<'_>, rollups: Rollups<'_>) -> Result<(), sql
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_written_in_few_statement_sizes() {
+        let sizes = |n: usize| chunks(&vec![0u8; n]).map(<[u8]>::len).collect::<Vec<_>>();
+        assert_eq!(sizes(0), Vec::<usize>::new());
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(100), [64, 32, 4]);
+        assert_eq!(sizes(2048).len(), 32);
+        let all: std::collections::BTreeSet<usize> = (1..=300).flat_map(sizes).collect();
+        assert_eq!(all.into_iter().collect::<Vec<_>>(), [1, 2, 4, 8, 16, 32, 64], "seven statements in all");
+    }
 
     #[test]
     fn an_unreachable_database_is_tried_again_and_a_refusal_is_not() {
