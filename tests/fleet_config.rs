@@ -10,7 +10,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::process::{Proc, BIN};
+use common::fleet::{serve, until};
+use common::process::BIN;
 use common::TOKEN;
 use corral::sim::{SimNode, SimSpec};
 use serde_json::{json, Value};
@@ -32,36 +33,11 @@ fn config_file(dir: &Path, broker: &str, node: &str, db: &str, policy: &str) -> 
     path
 }
 
-/// A `corral serve` on `config`; its proxy and admin URLs.
-fn serve(config: &Path) -> (Proc, String, String) {
-    let p =
-        Proc::spawn_env(&["serve", "--config", config.to_str().unwrap_or_default()], &[("CORRAL_ADMIN_TOKEN", TOKEN)]);
-    let proxy = p.url("serving the Ollama API on");
-    let admin = p.url("Open the UI").trim_end_matches("/ui/").to_string();
-    (p, proxy, admin)
-}
-
 async fn get(client: &reqwest::Client, url: String) -> Value {
     match client.get(url).bearer_auth(TOKEN).send().await {
         Ok(r) => r.json().await.unwrap_or_default(),
         Err(_) => Value::Null,
     }
-}
-
-/// Poll `check` every 20 ms until it holds; the time it took, or `None` past `within`.
-async fn until<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while start.elapsed() < within {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 async fn chat(client: &reqwest::Client, proxy: &str, text: &str) -> u16 {

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::process::Proc;
+use common::fleet::{serve, until};
 use common::TOKEN;
 use corral::sim::{SimNode, SimSpec};
 use serde_json::{json, Value};
@@ -32,14 +32,6 @@ fn config_file(dir: &Path, broker: &str, node: &str, db: &str, keys: &str) -> Pa
     path
 }
 
-fn serve(config: &Path) -> (Proc, String, String) {
-    let p =
-        Proc::spawn_env(&["serve", "--config", config.to_str().unwrap_or_default()], &[("CORRAL_ADMIN_TOKEN", TOKEN)]);
-    let proxy = p.url("serving the Ollama API on");
-    let admin = p.url("Open the UI").trim_end_matches("/ui/").to_string();
-    (p, proxy, admin)
-}
-
 async fn chat(client: &reqwest::Client, proxy: &str, key: Option<&str>) -> u16 {
     let body = json!({"model": "llama3.2", "messages": [{"role": "user", "content": "count me"}], "stream": false});
     let mut req = client.post(format!("{proxy}/api/chat")).json(&body);
@@ -47,22 +39,6 @@ async fn chat(client: &reqwest::Client, proxy: &str, key: Option<&str>) -> u16 {
         req = req.bearer_auth(k);
     }
     req.send().await.map(|r| r.status().as_u16()).unwrap_or(0)
-}
-
-/// Poll `check` every 20 ms until it holds; the time it took, or `None` past `within`.
-async fn until<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while start.elapsed() < within {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 async fn keys_listed(client: &reqwest::Client, admin: &str) -> Value {

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::fleet::until;
 use common::process::Proc;
 use common::{cluster, TOKEN};
 use corral::sim::Faults;
@@ -36,22 +37,6 @@ fn config_file(nodes: [&str; 2], db: &str) -> std::path::PathBuf {
 
 async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or(0)
-}
-
-/// Poll `check` every 20 ms until it holds; the time it took, or `None` past `within`.
-async fn until<F, Fut>(within: Duration, mut check: F) -> Option<Duration>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while start.elapsed() < within {
-        if check().await {
-            return Some(start.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -1,6 +1,7 @@
 //! Test harness: simulated nodes on loopback plus a broker in front of them.
 #![allow(dead_code)]
 
+pub mod fleet;
 pub mod pg;
 pub mod process;
 
