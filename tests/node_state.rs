@@ -44,7 +44,10 @@ async fn a_down_node_says_why_since_when_and_what_it_last_reported() {
     let down = status_of(&c, "n0").await;
     let url = c.sims[0].url();
     assert_eq!(down["state"], "unhealthy");
-    assert_eq!(down["state_reason"], format!("connection refused at {url}"), "the concrete cause and where: {down}");
+    // The start-up probe round runs on its own thread and may count a failure too: "... (2
+    // probes in a row)". The cause and where come first either way.
+    let reason = down["state_reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with(&format!("connection refused at {url}")), "the concrete cause and where: {down}");
     let since = down["state_since"].as_i64().expect("since is unix ms");
     assert!(since >= before && since <= corral::store::now_ms(), "since when it went down: {since} vs {before}");
     assert!(down["state_for_ms"].as_i64().is_some_and(|ms| ms >= 0), "{down}");
@@ -72,7 +75,8 @@ async fn an_http_error_is_told_with_its_status_and_body_and_the_latency_test_say
     let n1 = status_of(&c, "n1").await;
     let url = c.sims[1].url();
     assert_eq!(n1["state"], "unhealthy");
-    assert_eq!(n1["state_reason"], format!("HTTP 500 at {url}: simulated probe failure"), "{n1}");
+    let reason = n1["state_reason"].as_str().unwrap_or_default();
+    assert!(reason.starts_with(&format!("HTTP 500 at {url}: simulated probe failure")), "{n1}");
 
     let test: Value =
         c.admin(reqwest::Method::POST, "/admin/nodes/n1/test").send().await.expect("test").json().await.expect("json");
