@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::PgPool;
 use tokio_util::sync::CancellationToken;
 use toml::{Table, Value};
 
-use super::Fleet;
+use super::{listen, notified, Fleet};
 use crate::config::Config;
 use crate::state::Shared;
 
@@ -322,7 +322,7 @@ pub async fn run(mut sync: Sync, cancel: CancellationToken) {
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         if listener.is_none() {
-            listener = listen(sync.pool()).await;
+            listener = listen(sync.pool(), "corral_config").await;
         }
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -343,20 +343,6 @@ pub async fn run(mut sync: Sync, cancel: CancellationToken) {
         if let Err(e) = sync.step().await {
             sync.failed(&e);
         }
-    }
-}
-
-async fn listen(pool: &PgPool) -> Option<PgListener> {
-    let mut l = PgListener::connect_with(pool).await.ok()?;
-    l.listen("corral_config").await.ok()?;
-    Some(l)
-}
-
-/// The next notification, or forever without a listener (the poll covers it).
-async fn notified(listener: &mut Option<PgListener>) -> Result<(), sqlx::Error> {
-    match listener {
-        Some(l) => l.recv().await.map(|_| ()),
-        None => std::future::pending().await,
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgListener, PgPool};
 use tokio_util::sync::CancellationToken;
 
-use super::Fleet;
+use super::{listen, notified, Fleet};
 use crate::clients::{parse_verifier, ClientKeys, Usage};
 use crate::quota::{now_s, Quotas, Use};
 
@@ -92,7 +92,7 @@ pub async fn run(
     let mut listener: Option<PgListener> = None;
     loop {
         if listener.is_none() {
-            listener = listen(fleet.pool()).await;
+            listener = listen(fleet.pool(), "corral_keys").await;
         }
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -198,17 +198,4 @@ async fn sync_quotas(fleet: &Fleet, quotas: &Quotas) -> Result<(), sqlx::Error> 
         .collect();
     quotas.set_fleet(&rows, now);
     Ok(())
-}
-
-async fn listen(pool: &PgPool) -> Option<PgListener> {
-    let mut l = PgListener::connect_with(pool).await.ok()?;
-    l.listen("corral_keys").await.ok()?;
-    Some(l)
-}
-
-async fn notified(listener: &mut Option<PgListener>) -> Result<(), sqlx::Error> {
-    match listener {
-        Some(l) => l.recv().await.map(|_| ()),
-        None => std::future::pending().await,
-    }
 }

@@ -143,6 +143,22 @@ impl Fleet {
     }
 }
 
+/// A connection listening on `channel`; `None` while the database does not answer (the
+/// caller's poll covers the gap, and it tries again on its next round).
+async fn listen(pool: &PgPool, channel: &str) -> Option<sqlx::postgres::PgListener> {
+    let mut l = sqlx::postgres::PgListener::connect_with(pool).await.ok()?;
+    l.listen(channel).await.ok()?;
+    Some(l)
+}
+
+/// The next notification, or forever without a listener.
+async fn notified(listener: &mut Option<sqlx::postgres::PgListener>) -> Result<(), sqlx::Error> {
+    match listener {
+        Some(l) => l.recv().await.map(|_| ()),
+        None => std::future::pending().await,
+    }
+}
+
 /// A listener's URL as other machines reach it: one bound to every address (`0.0.0.0`, `[::]`)
 /// is shown under this host's name.
 fn reachable(url: &str) -> String {
