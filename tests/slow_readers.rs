@@ -82,7 +82,14 @@ async fn record(c: &Cluster) -> Value {
 }
 
 /// Read the rest of the chunked NDJSON answer and return its last line.
-async fn drain(mut s: tokio::net::TcpStream) -> Value {
+///
+/// The stall is over (the node finished while the client read nothing), so the socket gets a
+/// normal receive buffer first: draining 29 MB through a 4 KiB window is ~7,000 window updates,
+/// each a wake-up of both ends, which a loaded CI machine once stretched past a minute. A
+/// timeout says how far it got and what Corral still held, which tells a stall in the kernel's
+/// window from one in the read-ahead.
+async fn drain(c: &Cluster, mut s: tokio::net::TcpStream) -> Value {
+    socket2::SockRef::from(&s).set_recv_buffer_size(4 << 20).expect("normal receive buffer");
     let mut all = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(60), async {
         let mut buf = vec![0u8; 1 << 16];
@@ -94,7 +101,13 @@ async fn drain(mut s: tokio::net::TcpStream) -> Value {
             }
         }
     });
-    read.await.expect("the rest of the answer arrives");
+    if read.await.is_err() {
+        let held = c.broker.shared().read_ahead_use().0;
+        panic!(
+            "the rest of the answer did not arrive in 60 s: {} bytes read, {held} bytes still in read-ahead",
+            all.len()
+        );
+    }
     let text = String::from_utf8_lossy(&all);
     let last = text.lines().rev().find(|l| l.starts_with('{')).expect("an NDJSON line");
     serde_json::from_str(last).expect("last line is JSON")
@@ -118,7 +131,7 @@ async fn a_slow_reader_frees_the_nodes_slot_when_the_node_finishes() {
     let r = c.chat("llama3.2", false).await;
     assert_eq!(r.status(), 200, "{:?}", r.text().await);
     // The slow client still gets the whole answer, then the buffer is empty again.
-    let last = drain(slow).await;
+    let last = drain(&c, slow).await;
     assert_eq!(last["done"], true, "{last}");
     assert_eq!(last["eval_count"], TOKENS, "{last}");
     assert!(
