@@ -14,6 +14,7 @@
 //! walks the queue in order and places every waiter that fits somewhere, so a high-priority
 //! request for a busy model does not hold up a low-priority one for an idle node.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -154,7 +155,7 @@ impl Admission {
         let q = self.lock();
         let mut out = std::collections::HashMap::new();
         for w in q.waiters.values() {
-            for node in self.candidates(&w.ticket).unwrap_or_default() {
+            for node in self.candidates(&w.ticket).unwrap_or_default().iter() {
                 *out.entry(node.config.name.clone()).or_insert(0) += 1;
             }
         }
@@ -182,10 +183,8 @@ impl Admission {
             let mut q = self.lock();
             if q.waiters.is_empty() {
                 // Nobody ahead: take a slot directly if there is one.
-                match self.place(&ticket, &mut Board::new()) {
-                    Placement::Placed(g) => return Ok(g),
-                    Placement::Impossible(e) => return Err(e),
-                    Placement::Full => {}
+                if let Some(g) = self.place_now(&ticket)? {
+                    return Ok(g);
                 }
             } else {
                 self.candidates(&ticket)?;
@@ -224,6 +223,16 @@ impl Admission {
         }
     }
 
+    /// The decision `admit` makes for a request with nobody queued ahead: its slot now, or
+    /// `None` when it would wait. The routing benchmark (`benches/route.rs`) measures this.
+    pub fn place_now(&self, ticket: &Ticket) -> Result<Option<InFlight>, BrokerError> {
+        match self.place(ticket, &mut Board::once()) {
+            Placement::Placed(g) => Ok(Some(g)),
+            Placement::Full => Ok(None),
+            Placement::Impossible(e) => Err(e),
+        }
+    }
+
     fn remove(&self, key: Key) -> bool {
         self.lock().take(&key).is_some()
     }
@@ -256,14 +265,16 @@ impl Admission {
         drop(undeliverable);
     }
 
-    fn candidates(&self, ticket: &Ticket) -> Result<Vec<Arc<Node>>, BrokerError> {
+    fn candidates(&self, ticket: &Ticket) -> Result<route::Nodes, BrokerError> {
         let model = ticket.model.as_deref();
         let none_healthy = || BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() };
         let mut nodes = route::candidates(&self.registry, model, &ticket.tried).map_err(|why| match (why, model) {
             (NoCandidate::UnknownModel, Some(m)) => BrokerError::model_not_found(m),
             _ => none_healthy(),
         })?;
-        nodes.retain(|n| !ticket.excluded.iter().any(|x| Arc::ptr_eq(x, n)));
+        if !ticket.excluded.is_empty() {
+            Arc::make_mut(&mut nodes).retain(|n| !ticket.excluded.iter().any(|x| Arc::ptr_eq(x, n)));
+        }
         if nodes.is_empty() {
             return Err(none_healthy());
         }
@@ -278,6 +289,9 @@ impl Admission {
     }
 
     /// Try to give `ticket` a slot now; what it takes or plans is counted on `board`.
+    ///
+    /// Each narrowing below (hold-offs, breakers, free slots) copies the list only when it
+    /// removes a node: in the common case the policy sees the per-model index's own list.
     fn place(&self, ticket: &Ticket, board: &mut Board) -> Placement {
         let model = ticket.model.as_deref();
         let candidates = match self.candidates(ticket) {
@@ -286,36 +300,32 @@ impl Admission {
         };
         let now = Instant::now();
         // A node that answered 429 sits out its Retry-After while any other can serve.
-        let candidates: Vec<Arc<Node>> =
-            match candidates.iter().filter(|n| !n.held_off(now)).cloned().collect::<Vec<_>>() {
-                ready if ready.is_empty() => candidates,
-                ready => ready,
-            };
-        let allowed: Vec<bool> = candidates.iter().map(|n| n.breaker_allows(now)).collect();
+        let ready = match narrow(&candidates, |n| !n.held_off(now)) {
+            Cow::Owned(ready) if ready.is_empty() => Cow::Borrowed(&candidates[..]),
+            ready => ready,
+        };
         // An open breaker means out: with every one open the request goes where else it can
         // (the cloud); only with nowhere else is the last node standing forced through.
-        let force = !allowed.iter().any(|a| *a);
+        let allowed = narrow(&ready, |n| n.breaker_allows(now));
+        let force = allowed.is_empty();
         if force && ticket.has_alternative {
             return Placement::Impossible(BrokerError::NoHealthyNode { model: model.unwrap_or_default().to_string() });
         }
-        let eligible: Vec<Arc<Node>> =
-            candidates.iter().zip(&allowed).filter(|(_, ok)| force || **ok).map(|(n, _)| Arc::clone(n)).collect();
+        let eligible: &[Arc<Node>] = if force { &ready } else { &allowed };
         if ticket.router.policy() == Policy::FastestFinish {
-            return self.place_planned(ticket, &eligible, force, board, now);
+            return self.place_planned(ticket, eligible, force, board, now);
         }
-        let free: Vec<Arc<Node>> = eligible.into_iter().filter(|n| n.has_capacity()).collect();
+        let free = narrow(eligible, |n| n.has_capacity());
         let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
         let Some(i) = ticket.router.pick(&free, &ctx) else { return Placement::Full };
         // What it should take there, so `fastest-finish` requests know when this slot frees.
         let key = model.map(crate::config::model_key);
-        let service = board.quotes(&free, key.as_deref(), &ticket.work, now).get(i).map(|q| q.service);
+        let service = board.quote_one(&free, i, key.as_deref(), &ticket.work, now).service;
         match free[i].try_dispatch(force) {
             Some(mut g) => {
-                let finish = service.map(|s| now + s);
-                g.plan(model, finish);
-                if let (Some(service), Some(finish)) = (service, finish) {
-                    board.book(&free[i], &Plan { index: i, start: now, finish, service }, now);
-                }
+                let finish = now + service;
+                g.plan(model, Some(finish));
+                board.book(&free[i], &Plan { index: i, start: now, finish, service }, now);
                 Placement::Placed(g)
             }
             None => Placement::Full,
@@ -336,7 +346,8 @@ impl Admission {
         let model = ticket.model.as_deref();
         let key = model.map(crate::config::model_key);
         let key = key.as_deref();
-        let Some(plan) = board.plan(eligible, key, &ticket.work, now, |n| route::occupancy(n, key)) else {
+        let model_ref = key.map(crate::node::ModelRef::new);
+        let Some(plan) = board.plan(eligible, key, &ticket.work, now, |n| route::occupancy(n, model_ref)) else {
             return Placement::Full;
         };
         let node = &eligible[plan.index];
@@ -363,6 +374,15 @@ impl Admission {
                 _ = tokio::time::sleep(REPLAN_EVERY), if replan => self.dispatch(),
             }
         }
+    }
+}
+
+/// `nodes` without the ones `keep` rejects: borrowed as it is when it rejects none.
+fn narrow<'a>(nodes: &'a [Arc<Node>], keep: impl Fn(&Node) -> bool) -> Cow<'a, [Arc<Node>]> {
+    if nodes.iter().all(|n| keep(n)) {
+        Cow::Borrowed(nodes)
+    } else {
+        Cow::Owned(nodes.iter().filter(|n| keep(n)).cloned().collect())
     }
 }
 

@@ -86,6 +86,12 @@ impl Breaker {
     }
 
     /// Whether a request may go to this node now; `Trial` when it is the half-open probe.
+    /// Closed as of the last change: a closed breaker stays closed until an outcome opens it
+    /// (time alone moves only open to half-open), so this needs no `now`.
+    pub fn is_closed(&self) -> bool {
+        self.state == BreakerState::Closed
+    }
+
     pub fn would_allow(&mut self, now: Instant) -> bool {
         match self.state(now) {
             BreakerState::Closed => true,

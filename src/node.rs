@@ -136,6 +136,42 @@ impl LoadedModel {
     }
 }
 
+/// How many loaded models `Node::loaded_facts` reads from atomics; past this (rare: Ollama
+/// keeps up to three per GPU by default) it reads the list.
+const LOADED_SIGS: usize = 4;
+
+/// FNV-1a with a SplitMix64 finalizer: a fast 64-bit hash of a model key (routing compares
+/// loaded models by it) or a session (the sticky ring). FNV alone leaves keys that differ in
+/// their last character close together.
+pub fn hash64(s: &str) -> u64 {
+    let mut z: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes().chain(std::iter::once(0xff)) {
+        z ^= u64::from(b);
+        z = z.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A model key as one routing decision compares it: hashed once, not once per node.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRef<'a> {
+    pub key: &'a str,
+    hash: u64,
+}
+
+impl<'a> ModelRef<'a> {
+    pub fn new(key: &'a str) -> Self {
+        Self { key, hash: hash64(key) & !1 }
+    }
+}
+
+/// A loaded model's signature: its key's hash, the low bit set when it is entirely in VRAM.
+fn loaded_sig(l: &LoadedModel) -> u64 {
+    (hash64(&l.name) & !1) | u64::from(l.fully_in_vram())
+}
+
 /// Why a node is in its state, and since when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Since {
@@ -199,6 +235,9 @@ impl Default for NodeTuning {
 pub struct Node {
     pub config: NodeConfig,
     pub base_url: url::Url,
+    /// Unique in the process, never reused: where per-node routing state (smooth weighted
+    /// round robin's scores, a sticky ring's owners) is kept without hashing names.
+    id: usize,
     health: AtomicU8,
     admin: AtomicU8,
     weight: AtomicU32,
@@ -215,7 +254,14 @@ pub struct Node {
     ramping: AtomicBool,
     slow_start_ms: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
+    /// Mirrors "the breaker is closed" after every change under its lock, so routing's common
+    /// case reads an atomic: closed never turns into anything else by time alone.
+    breaker_closed: AtomicBool,
     ttfb: Mutex<PeakEwma>,
+    /// `least-latency`'s order key, published with every sample: see `latency_key`.
+    ttfb_key: AtomicU64,
+    /// The estimate's decay in seconds (the order key is comparable between nodes that share it).
+    ttfb_decay_s: f64,
     /// Unix ms of the last time-to-first-byte sample; 0 before the first.
     ttfb_at_ms: AtomicI64,
     /// Why and since when the node's health is what it is.
@@ -224,6 +270,9 @@ pub struct Node {
     admin_since: Mutex<Since>,
     /// Until when the node asked not to be sent more (its 429's `Retry-After`).
     held_until: Mutex<Option<Instant>>,
+    /// Set (under `held_until`'s lock) while a hold-off may be running: routing's common case
+    /// reads it instead of taking the lock.
+    held: AtomicBool,
     /// First-token deadlines missed in a row (reset by an answer that made it).
     first_token_misses: AtomicU32,
     /// The last miss: a slow mark lasts `SLOW_FOR` after it, then the node is tried again.
@@ -231,6 +280,10 @@ pub struct Node {
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
+    /// `loaded` as routing reads it (`loaded_sig` of the first `LOADED_SIGS`), written before
+    /// `loaded_count`, which is `u8::MAX` when the list is longer.
+    loaded_sigs: [AtomicU64; LOADED_SIGS],
+    loaded_count: AtomicU8,
     /// Unix ms of the last `/api/ps` answer that set `loaded`; 0 before the first.
     loaded_at_ms: AtomicI64,
     /// Context length per model, learned from `/api/ps` and `/api/show`.
@@ -243,6 +296,18 @@ pub struct Node {
     next_slot: AtomicU64,
     wake: Arc<Notify>,
     events: Events,
+    /// Bumped whenever a model list changes: the registry's per-model index is rebuilt then.
+    models_gen: Arc<AtomicU64>,
+}
+
+/// Node ids: a process-wide counter.
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+/// The instant `least-latency`'s order keys count from (any fixed instant will do; offsets
+/// before it are negative, never clamped).
+fn latency_epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
 }
 
 /// A change of the state a person sees for a node.
@@ -270,7 +335,7 @@ impl std::fmt::Debug for Node {
 
 impl Node {
     pub fn new(config: NodeConfig, tuning: NodeTuning, wake: Arc<Notify>) -> Result<Self, url::ParseError> {
-        Self::with_events(config, tuning, wake, Events::default())
+        Self::with_events(config, tuning, wake, Events::default(), Arc::default())
     }
 
     fn with_events(
@@ -278,6 +343,7 @@ impl Node {
         tuning: NodeTuning,
         wake: Arc<Notify>,
         events: Events,
+        models_gen: Arc<AtomicU64>,
     ) -> Result<Self, url::ParseError> {
         let base_url = url::Url::parse(&config.url)?;
         let admin_reason = if config.enabled { "enabled in the config" } else { "disabled in the config" };
@@ -286,6 +352,7 @@ impl Node {
             weight: AtomicU32::new(config.weight.max(1)),
             max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
             fleet_share: AtomicU32::new(u32::MAX),
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config,
             base_url,
             health: AtomicU8::new(Health::Unknown.as_u8()),
@@ -296,15 +363,21 @@ impl Node {
             ramping: AtomicBool::new(false),
             slow_start_ms: std::sync::atomic::AtomicU64::new(tuning.slow_start.as_millis() as u64),
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
+            breaker_closed: AtomicBool::new(true),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
+            ttfb_key: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
+            ttfb_decay_s: tuning.latency_decay.as_secs_f64().max(1e-9),
             ttfb_at_ms: AtomicI64::new(0),
             health_since: Mutex::new(Since::now("not probed yet")),
             admin_since: Mutex::new(Since::now(admin_reason)),
             held_until: Mutex::new(None),
+            held: AtomicBool::new(false),
             first_token_misses: AtomicU32::new(0),
             last_miss: Mutex::new(None),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
+            loaded_sigs: Default::default(),
+            loaded_count: AtomicU8::new(0),
             loaded_at_ms: AtomicI64::new(0),
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
@@ -313,7 +386,13 @@ impl Node {
             next_slot: AtomicU64::new(1),
             wake,
             events,
+            models_gen,
         })
+    }
+
+    /// Unique in the process: the index per-node routing state is kept under.
+    pub fn id(&self) -> usize {
+        self.id
     }
 
     pub fn name(&self) -> &str {
@@ -457,18 +536,29 @@ impl Node {
     /// Take a new breaker policy and slow-start length (a reload): the breaker keeps its
     /// state and counts, judged by the new threshold from the next outcome on.
     pub fn set_tuning(&self, tuning: NodeTuning) {
-        lock(&self.breaker).set_policy(tuning.breaker);
+        self.with_breaker(|b| b.set_policy(tuning.breaker));
         self.slow_start_ms.store(tuning.slow_start.as_millis() as u64, Ordering::Release);
     }
 
     /// Keep the node out of routing for `wait` (it answered 429); it is busy, not down.
     pub fn hold_off(&self, wait: Duration) {
-        *lock(&self.held_until) = Some(Instant::now() + wait);
+        let mut until = lock(&self.held_until);
+        *until = Some(Instant::now() + wait);
+        self.held.store(true, Ordering::Release);
     }
 
     /// Whether the node asked, with a 429, not to be sent more until after `now`.
     pub fn held_off(&self, now: Instant) -> bool {
-        lock(&self.held_until).is_some_and(|until| now < until)
+        if !self.held.load(Ordering::Acquire) {
+            return false;
+        }
+        let until = lock(&self.held_until);
+        let held = until.is_some_and(|until| now < until);
+        if until.is_some_and(|until| Instant::now() >= until) {
+            // Over for good (not just as of a `now` in the past): the lock-free path again.
+            self.held.store(false, Ordering::Release);
+        }
+        held
     }
 
     /// What is left of the node's 429 hold-off at `now`, if any.
@@ -495,12 +585,20 @@ impl Node {
     }
 
     pub fn breaker_state(&self) -> BreakerState {
-        lock(&self.breaker).state(Instant::now())
+        self.with_breaker(|b| b.state(Instant::now()))
     }
 
     /// Whether the breaker would let a request through now.
     pub fn breaker_allows(&self, now: Instant) -> bool {
-        lock(&self.breaker).would_allow(now)
+        self.breaker_closed.load(Ordering::Acquire) || self.with_breaker(|b| b.would_allow(now))
+    }
+
+    /// Work on the breaker under its lock, then mirror whether it is closed.
+    fn with_breaker<R>(&self, f: impl FnOnce(&mut Breaker) -> R) -> R {
+        let mut b = lock(&self.breaker);
+        let r = f(&mut b);
+        self.breaker_closed.store(b.is_closed(), Ordering::Release);
+        r
     }
 
     /// The routing estimate: decays towards zero while no traffic flows, so a node that was
@@ -516,8 +614,34 @@ impl Node {
         Some((d, self.ttfb_at_ms.load(Ordering::Acquire)))
     }
 
+    /// `least-latency`'s order key: the log of the decayed estimate plus the decay's share of
+    /// `now`, which is the same for every candidate. The estimate at `now` is
+    /// `est * exp(-(now - at) / decay)`, so its log is `key - now / decay`: comparing keys
+    /// compares estimates without an `exp` (or a lock) per node. Without a sample: -inf (a
+    /// node never measured is explored first). `None` when `other` decays differently.
+    pub fn latency_key(&self, other_decay_s: f64) -> Option<f64> {
+        (self.ttfb_decay_s == other_decay_s).then(|| f64::from_bits(self.ttfb_key.load(Ordering::Acquire)))
+    }
+
+    /// The decay `latency_key` is relative to.
+    pub fn latency_decay_s(&self) -> f64 {
+        self.ttfb_decay_s
+    }
+
     pub fn observe_ttfb(&self, sample: Duration) {
-        lock(&self.ttfb).observe(sample, Instant::now());
+        let now = Instant::now();
+        let mut ewma = lock(&self.ttfb);
+        ewma.observe(sample, now);
+        if let Some((est, at)) = ewma.last() {
+            let epoch = latency_epoch();
+            let offset = match at.checked_duration_since(epoch) {
+                Some(d) => d.as_secs_f64(),
+                None => -epoch.saturating_duration_since(at).as_secs_f64(),
+            };
+            let key = (est.as_nanos() as f64).max(1e-3).ln() + offset / self.ttfb_decay_s;
+            self.ttfb_key.store(key.to_bits(), Ordering::Release);
+        }
+        drop(ewma);
         self.ttfb_at_ms.store(crate::store::now_ms(), Ordering::Release);
     }
 
@@ -537,7 +661,10 @@ impl Node {
 
     pub fn set_models(&self, names: impl IntoIterator<Item = String>) {
         let set: BTreeSet<String> = names.into_iter().map(|n| normalize_model(&n)).collect();
-        self.models.store(Arc::new(Some(set)));
+        if self.models.load().as_ref().as_ref() != Some(&set) {
+            self.models.store(Arc::new(Some(set)));
+            self.models_gen.fetch_add(1, Ordering::AcqRel);
+        }
         self.wake.notify_one();
     }
 
@@ -557,6 +684,27 @@ impl Node {
 
     pub fn has_hot_key(&self, key: &str) -> bool {
         self.loaded.load().iter().any(|l| l.name == key && l.fully_in_vram())
+    }
+
+    /// What occupancy needs to know of `model` here: (it is loaded entirely in VRAM, some
+    /// other model is loaded). From atomics, without the list, for up to `LOADED_SIGS` models.
+    pub fn loaded_facts(&self, model: ModelRef<'_>) -> (bool, bool) {
+        let count = self.loaded_count.load(Ordering::Acquire);
+        if usize::from(count) > LOADED_SIGS {
+            let loaded = self.loaded.load();
+            let hot = loaded.iter().any(|l| l.name == model.key && l.fully_in_vram());
+            return (hot, loaded.iter().any(|l| l.name != model.key));
+        }
+        let (mut hot, mut other) = (false, false);
+        for sig in &self.loaded_sigs[..usize::from(count)] {
+            let sig = sig.load(Ordering::Relaxed);
+            if sig & !1 == model.hash {
+                hot |= sig & 1 == 1;
+            } else {
+                other = true;
+            }
+        }
+        (hot, other)
     }
 
     /// What a finished answer of `model` said about this node's speed.
@@ -587,6 +735,7 @@ impl Node {
         let mut set = self.models().unwrap_or_default();
         set.remove(&m);
         self.models.store(Arc::new(Some(set)));
+        self.models_gen.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn set_loaded(&self, mut loaded: Vec<LoadedModel>) {
@@ -595,6 +744,11 @@ impl Node {
         }
         let learned: Vec<(String, u64)> =
             loaded.iter().filter_map(|l| l.context_length.map(|c| (normalize_model(&l.name), c))).collect();
+        for (slot, l) in self.loaded_sigs.iter().zip(&loaded) {
+            slot.store(loaded_sig(l), Ordering::Relaxed);
+        }
+        let count = if loaded.len() > LOADED_SIGS { u8::MAX } else { loaded.len() as u8 };
+        self.loaded_count.store(count, Ordering::Release);
         self.loaded.store(Arc::new(loaded));
         self.loaded_at_ms.store(crate::store::now_ms(), Ordering::Release);
         for (m, c) in learned {
@@ -618,14 +772,8 @@ impl Node {
     pub fn try_dispatch(self: &Arc<Self>, force: bool) -> Option<InFlight> {
         let max = self.slots();
         let now = Instant::now();
-        let (permit, forced) = {
-            let mut b = lock(&self.breaker);
-            match b.acquire(now) {
-                Some(p) => (p, false),
-                None if force => (b.force(), true),
-                None => return None,
-            }
-        };
+        let (permit, forced) =
+            self.with_breaker(|b| b.acquire(now).map(|p| (p, false)).or_else(|| force.then(|| (b.force(), true))))?;
         match self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
             Ok(_) => Some(InFlight {
                 node: Arc::clone(self),
@@ -639,7 +787,7 @@ impl Node {
             Err(_) => {
                 // Give an unused trial back.
                 if permit == Permit::Trial {
-                    lock(&self.breaker).record(permit, Outcome::ClientGone, now);
+                    self.with_breaker(|b| b.record(permit, Outcome::ClientGone, now));
                 }
                 None
             }
@@ -746,7 +894,7 @@ impl Node {
                 &format!("a request could not connect to {url} (refused or unreachable)"),
             );
         }
-        if let Some(state) = lock(&self.breaker).record(permit, outcome, Instant::now()) {
+        if let Some(state) = self.with_breaker(|b| b.record(permit, outcome, Instant::now())) {
             tracing::info!(node = %self.name(), breaker = state.name(), ?outcome, "breaker changed");
             self.wake.notify_one();
         }
@@ -851,6 +999,57 @@ pub struct Registry {
     wake: Arc<Notify>,
     tuning: Mutex<NodeTuning>,
     events: Events,
+    /// Bumped by every node whose model list changes, and by adding or removing a node.
+    models_gen: Arc<AtomicU64>,
+    /// The nodes that may serve each model, as of a `models_gen`: rebuilt on the first routing
+    /// decision after a change, so a decision looks at the nodes that list its model only.
+    by_model: ArcSwap<ModelIndex>,
+    rebuilding: Mutex<()>,
+}
+
+/// For each model key, the nodes that list it or whose list is not known yet (config order).
+#[derive(Debug, Default)]
+pub struct ModelIndex {
+    generation: u64,
+    nodes: Arc<Vec<Arc<Node>>>,
+    serving: HashMap<String, Arc<Vec<Arc<Node>>>>,
+    /// Nodes whose list is not known: the answer for a model no node lists.
+    unlisted: Arc<Vec<Arc<Node>>>,
+}
+
+impl ModelIndex {
+    fn build(generation: u64, nodes: Arc<Vec<Arc<Node>>>) -> Self {
+        let lists: Vec<_> = nodes.iter().map(|n| n.models.load_full()).collect();
+        let mut serving: HashMap<String, Vec<Arc<Node>>> =
+            lists.iter().filter_map(|l| l.as_ref().as_ref()).flatten().map(|m| (m.clone(), Vec::new())).collect();
+        let mut unlisted = Vec::new();
+        for (n, list) in nodes.iter().zip(&lists) {
+            match list.as_ref() {
+                Some(list) => {
+                    for m in list.iter() {
+                        if let Some(v) = serving.get_mut(m) {
+                            v.push(Arc::clone(n));
+                        }
+                    }
+                }
+                // A node without a list may have any model: it is in every entry, in config order.
+                None => {
+                    serving.values_mut().for_each(|v| v.push(Arc::clone(n)));
+                    unlisted.push(Arc::clone(n));
+                }
+            }
+        }
+        let serving = serving.into_iter().map(|(k, v)| (k, Arc::new(v))).collect();
+        Self { generation, nodes, serving, unlisted: Arc::new(unlisted) }
+    }
+
+    /// The nodes that may serve the model `key` (every node for `None`).
+    pub fn serving(&self, key: Option<&str>) -> &Arc<Vec<Arc<Node>>> {
+        match key {
+            None => &self.nodes,
+            Some(k) => self.serving.get(k).unwrap_or(&self.unlisted),
+        }
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -863,16 +1062,47 @@ impl Registry {
     pub fn new(configs: &[NodeConfig], tuning: NodeTuning) -> Result<Self, url::ParseError> {
         let wake = Arc::new(Notify::new());
         let events = Events::default();
+        let models_gen = Arc::new(AtomicU64::new(1));
         let nodes = configs
             .iter()
-            .map(|c| Node::with_events(c.clone(), tuning, Arc::clone(&wake), Arc::clone(&events)).map(Arc::new))
+            .map(|c| {
+                Node::with_events(c.clone(), tuning, Arc::clone(&wake), Arc::clone(&events), Arc::clone(&models_gen))
+                    .map(Arc::new)
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { nodes: ArcSwap::from_pointee(nodes), wake, tuning: Mutex::new(tuning), events })
+        Ok(Self {
+            nodes: ArcSwap::from_pointee(nodes),
+            wake,
+            tuning: Mutex::new(tuning),
+            events,
+            models_gen,
+            by_model: ArcSwap::from_pointee(ModelIndex::default()),
+            rebuilding: Mutex::new(()),
+        })
     }
 
     /// A snapshot of the nodes.
     pub fn all(&self) -> Arc<Vec<Arc<Node>>> {
         self.nodes.load_full()
+    }
+
+    /// The per-model index as of now: one atomic load when nothing changed since the last
+    /// decision, a rebuild (O(nodes x models), by one caller at a time) when something did.
+    pub fn by_model(&self) -> Arc<ModelIndex> {
+        let generation = self.models_gen.load(Ordering::Acquire);
+        let index = self.by_model.load_full();
+        if index.generation == generation {
+            return index;
+        }
+        let _one = lock(&self.rebuilding);
+        let index = self.by_model.load_full();
+        if index.generation == generation {
+            return index;
+        }
+        // Read the generation before the lists: a change during the build bumps it again.
+        let fresh = Arc::new(ModelIndex::build(generation, self.nodes.load_full()));
+        self.by_model.store(Arc::clone(&fresh));
+        fresh
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Node>> {
@@ -882,10 +1112,17 @@ impl Registry {
     /// Add a node; the caller has validated the config (unique name, URL).
     pub fn add(&self, config: NodeConfig) -> Result<Arc<Node>, url::ParseError> {
         let tuning = *lock(&self.tuning);
-        let node = Arc::new(Node::with_events(config, tuning, Arc::clone(&self.wake), Arc::clone(&self.events))?);
+        let node = Arc::new(Node::with_events(
+            config,
+            tuning,
+            Arc::clone(&self.wake),
+            Arc::clone(&self.events),
+            Arc::clone(&self.models_gen),
+        )?);
         let mut next = Vec::clone(&self.nodes.load());
         next.push(Arc::clone(&node));
         self.nodes.store(Arc::new(next));
+        self.models_gen.fetch_add(1, Ordering::AcqRel);
         self.wake.notify_one();
         Ok(node)
     }
@@ -896,6 +1133,7 @@ impl Registry {
         let gone = current.iter().find(|n| n.name() == name).cloned()?;
         let next: Vec<Arc<Node>> = current.iter().filter(|n| n.name() != name).cloned().collect();
         self.nodes.store(Arc::new(next));
+        self.models_gen.fetch_add(1, Ordering::AcqRel);
         Some(gone)
     }
 

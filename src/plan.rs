@@ -65,6 +65,15 @@ struct Fallback {
     prefill_tps: Option<f64>,
 }
 
+impl Fallback {
+    fn of<'a>(speeds: impl Iterator<Item = &'a Speed> + Clone) -> Self {
+        let best = |f: fn(&Speed) -> Option<f64>| {
+            speeds.clone().filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        };
+        Self { decode_tps: best(|s| s.decode_tps).unwrap_or(DEFAULT_DECODE_TPS), prefill_tps: best(|s| s.prefill_tps) }
+    }
+}
+
 /// How long `work` takes on a node whose estimate is `speed`, once it has a slot.
 fn service(speed: Option<&Speed>, resident: bool, work: &Work, fallback: Fallback) -> Duration {
     let s = speed.copied().unwrap_or_default();
@@ -103,11 +112,19 @@ pub struct Quote {
 pub struct Board {
     /// By the node's address (a key only, never dereferenced).
     lanes: HashMap<usize, Vec<Instant>>,
+    /// Whether bookings are kept: not for a board that decides one request and is dropped.
+    once: bool,
 }
 
 impl Board {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A board for a single decision: nothing reads its bookings afterwards, so `book` keeps
+    /// none (a slot taken now is in the node's own timetable for the next walk).
+    pub fn once() -> Self {
+        Self { once: true, ..Self::default() }
     }
 
     /// When each of `node`'s slots frees, built from its timetable on first use.
@@ -131,25 +148,49 @@ impl Board {
     /// What `work` would cost on each of `nodes` (in order), given the bookings so far.
     pub fn quotes(&mut self, nodes: &[Arc<Node>], key: Option<&str>, work: &Work, now: Instant) -> Vec<Quote> {
         let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| key.and_then(|k| n.speed_of_key(k, now))).collect();
-        let best = |f: fn(&Speed) -> Option<f64>| {
-            speeds.iter().flatten().filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
+        let fallback = Fallback::of(speeds.iter().flatten());
+        nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, s.as_ref(), key, work, now, fallback)).collect()
+    }
+
+    /// `quotes(nodes, ..)[i]`, looking at the other nodes only when `nodes[i]` has no speed of
+    /// its own to go by (the fallback is the best of theirs).
+    pub fn quote_one(&mut self, nodes: &[Arc<Node>], i: usize, key: Option<&str>, work: &Work, now: Instant) -> Quote {
+        let own = key.and_then(|k| nodes[i].speed_of_key(k, now));
+        let prefill_needed = work.prompt_tokens > 0;
+        let fallback = match own {
+            Some(s) if s.decode_tps.is_some() && (s.prefill_tps.is_some() || !prefill_needed) => {
+                Fallback::of(std::iter::empty())
+            }
+            _ => {
+                let theirs: Vec<Speed> =
+                    nodes.iter().filter_map(|n| key.and_then(|k| n.speed_of_key(k, now))).collect();
+                Fallback::of(theirs.iter())
+            }
         };
-        let fallback = Fallback {
-            decode_tps: best(|s| s.decode_tps).unwrap_or(DEFAULT_DECODE_TPS),
-            prefill_tps: best(|s| s.prefill_tps),
-        };
-        nodes
-            .iter()
-            .zip(&speeds)
-            .map(|(n, s)| {
-                let resident = key.is_some_and(|k| n.has_hot_key(k))
-                    || s.and_then(|s| s.last).is_some_and(|at| now.saturating_duration_since(at) < RESIDENT_FOR);
-                let service = service(s.as_ref(), resident, work, fallback);
-                let lane = self.lane(n, now, service);
-                let start = lane.iter().min().copied().unwrap_or(now).max(now);
-                Quote { start, service }
-            })
-            .collect()
+        self.quote(&nodes[i], own.as_ref(), key, work, now, fallback)
+    }
+
+    fn quote(
+        &mut self,
+        n: &Arc<Node>,
+        s: Option<&Speed>,
+        key: Option<&str>,
+        work: &Work,
+        now: Instant,
+        fallback: Fallback,
+    ) -> Quote {
+        let resident = key.is_some_and(|k| n.has_hot_key(k))
+            || s.and_then(|s| s.last).is_some_and(|at| now.saturating_duration_since(at) < RESIDENT_FOR);
+        let service = service(s, resident, work, fallback);
+        // A node with a free slot and nothing booked on it this walk starts now: its lane
+        // (one entry per slot) is built only once something is booked there.
+        let key_of = Arc::as_ptr(n) as usize;
+        if !self.lanes.contains_key(&key_of) && n.in_flight() < n.slots().max(1) {
+            return Quote { start: now, service };
+        }
+        let lane = self.lane(n, now, service);
+        let start = lane.iter().min().copied().unwrap_or(now).max(now);
+        Quote { start, service }
     }
 
     /// The candidate with the earliest finish; ties go to the one that starts first, then to
@@ -173,6 +214,9 @@ impl Board {
 
     /// Count `plan` on its node's earliest slot, so no later plan in this walk counts it.
     pub fn book(&mut self, node: &Arc<Node>, plan: &Plan, now: Instant) {
+        if self.once {
+            return;
+        }
         let lane = self.lane(node, now, plan.service);
         if let Some(slot) = lane.iter_mut().min() {
             *slot = plan.finish;

@@ -31,7 +31,6 @@
 //!      decode + cold load, from the learned speed model). Admission plans it over busy nodes
 //!      too, so a request may wait for a fast busy node instead of starting on a slow idle one.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -40,7 +39,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use crate::config::{CategoryConfig, Policy};
-use crate::node::{Node, Registry};
+use crate::node::{hash64, ModelRef, Node, Registry};
 use crate::plan::{Board, Work};
 
 /// Why no candidate could be found.
@@ -56,19 +55,39 @@ pub enum NoCandidate {
     AllTried,
 }
 
+/// The nodes one decision chooses among; usually the per-model index's own list, not a copy.
+pub type Nodes = Arc<Vec<Arc<Node>>>;
+
 /// Nodes that may serve `model` now (ignoring capacity), skipping the ones in `tried`.
-pub fn candidates(
-    registry: &Registry,
-    model: Option<&str>,
-    tried: &[Arc<Node>],
-) -> Result<Vec<Arc<Node>>, NoCandidate> {
-    let all = registry.all();
+///
+/// From the registry's per-model index (`Registry::by_model`): the nodes that list the model
+/// (or whose list is not known yet), narrowed to the available and untried ones, in config
+/// order. With all of them available and none tried (the common case) that is the index's
+/// list itself. Only when none is left does the full scan below tell why.
+pub fn candidates(registry: &Registry, model: Option<&str>, tried: &[Arc<Node>]) -> Result<Nodes, NoCandidate> {
     let key = model.map(crate::config::model_key);
+    let index = registry.by_model();
+    let serving = index.serving(key.as_deref());
+    let usable = |n: &Arc<Node>| n.is_available() && !tried.iter().any(|t| Arc::ptr_eq(t, n));
+    if !serving.is_empty() && serving.iter().all(usable) {
+        return Ok(Arc::clone(serving));
+    }
+    let fresh: Vec<Arc<Node>> = serving.iter().filter(|n| usable(n)).cloned().collect();
+    if !fresh.is_empty() {
+        return Ok(Arc::new(fresh));
+    }
+    why_none(registry, key.as_deref(), tried).map(Arc::new)
+}
+
+/// The full scan behind `candidates` when the index leaves nothing: which `NoCandidate` it is,
+/// or the one node there is (tried already, but trying it again beats giving up).
+fn why_none(registry: &Registry, key: Option<&str>, tried: &[Arc<Node>]) -> Result<Vec<Arc<Node>>, NoCandidate> {
+    let all = registry.all();
     let (mut serving, mut available, mut unlisted_out, mut listed) = (0usize, 0usize, 0usize, false);
     let mut last_available = None;
     let mut fresh = Vec::with_capacity(all.len());
     for n in all.iter() {
-        let serves = key.as_deref().map(|k| n.serves_key(k));
+        let serves = key.map(|k| n.serves_key(k));
         listed |= serves.is_some_and(|s| s.is_some());
         match serves {
             Some(Some(false)) => continue,
@@ -116,14 +135,13 @@ pub struct PickCtx<'a> {
 /// loaded (loading it displaces nothing), 2 loaded but busy, 3 not loaded while another model
 /// is (loading it would likely evict that one). "Loaded" is `/api/ps`'s word, entirely in VRAM;
 /// "resident" is not "idle": with `OLLAMA_MAX_LOADED_MODELS=1` a loaded model is usually busy.
-pub fn occupancy(node: &Node, key: Option<&str>) -> u8 {
-    let Some(key) = key else { return 0 };
-    let loaded = node.loaded();
-    let hot = loaded.iter().any(|l| l.name == key && l.fully_in_vram());
+pub fn occupancy(node: &Node, model: Option<ModelRef<'_>>) -> u8 {
+    let Some(model) = model else { return 0 };
+    let (hot, other) = node.loaded_facts(model);
     match (hot, node.in_flight() > 0) {
         (true, false) => 0,
         (true, true) => 2,
-        (false, _) if loaded.iter().any(|l| l.name != key) => 3,
+        (false, _) if other => 3,
         (false, _) => 1,
     }
 }
@@ -131,8 +149,8 @@ pub fn occupancy(node: &Node, key: Option<&str>) -> u8 {
 /// The rank `Router::pick` keeps the best of: occupancy (with `wait_for_warm`, a loaded busy
 /// node before a cold idle one), and a node that keeps missing first-token deadlines after
 /// every other (slow, not broken: still there when nothing else is).
-fn rank(node: &Node, key: Option<&str>, wait_for_warm: bool, now: Instant) -> u8 {
-    let tier = match (occupancy(node, key), wait_for_warm) {
+fn rank(node: &Node, model: Option<ModelRef<'_>>, wait_for_warm: bool, now: Instant) -> u8 {
+    let tier = match (occupancy(node, model), wait_for_warm) {
         (1, true) => 2,
         (2, true) => 1,
         (t, _) => t,
@@ -145,17 +163,23 @@ pub trait Balance: Send + Sync + std::fmt::Debug {
     fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize;
 }
 
-/// Index of a uniformly random element among those with the lowest `key`.
+/// Index of a uniformly random element among those with the lowest `key`: one pass, no
+/// allocation (reservoir sampling over the ties: the k-th tie replaces the pick with
+/// probability 1/k).
 fn min_by_random_tie<K: PartialOrd + Copy>(nodes: &[Arc<Node>], rng: &mut SmallRng, key: impl Fn(&Node) -> K) -> usize {
-    let keys: Vec<K> = nodes.iter().map(|n| key(n)).collect();
-    let mut best = keys[0];
-    for &k in &keys[1..] {
+    let (mut best, mut at, mut ties) = (key(&nodes[0]), 0, 1u32);
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        let k = key(n);
         if k < best {
-            best = k;
+            (best, at, ties) = (k, i, 1);
+        } else if k <= best {
+            ties += 1;
+            if rng.gen_range(0..ties) == 0 {
+                at = i;
+            }
         }
     }
-    let tied: Vec<usize> = (0..keys.len()).filter(|&i| keys[i] <= best).collect();
-    tied[rng.gen_range(0..tied.len())]
+    at
 }
 
 #[derive(Debug, Default)]
@@ -169,28 +193,31 @@ impl Balance for RoundRobin {
     }
 }
 
+/// Smooth weighted round robin's running scores, by node id (`Node::id`).
 #[derive(Debug, Default)]
 pub struct Weighted {
-    current: Mutex<HashMap<String, i64>>,
+    current: Mutex<Vec<i64>>,
 }
 
 impl Balance for Weighted {
     fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
         let mut current = lock(&self.current);
-        let total: i64 = nodes.iter().map(|n| i64::from(n.weight())).sum();
-        let mut best = 0;
-        let mut best_score = i64::MIN;
+        let top = nodes.iter().map(|n| n.id()).max().unwrap_or(0);
+        if current.len() <= top {
+            current.resize(top + 1, 0);
+        }
+        let (mut total, mut best, mut best_score) = (0i64, 0, i64::MIN);
         for (i, n) in nodes.iter().enumerate() {
-            let score = current.entry(n.name().to_string()).or_insert(0);
-            *score += i64::from(n.weight());
+            let w = i64::from(n.weight());
+            total += w;
+            let score = &mut current[n.id()];
+            *score += w;
             if *score > best_score {
                 best_score = *score;
                 best = i;
             }
         }
-        if let Some(s) = current.get_mut(nodes[best].name()) {
-            *s -= total;
-        }
+        current[nodes[best].id()] -= total;
         best
     }
 }
@@ -209,6 +236,12 @@ pub struct LeastLatency;
 
 impl Balance for LeastLatency {
     fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        // The order keys compare estimates at any common `now` without an `exp` per node; a
+        // node tuned with another decay (a reload in between) is compared by its estimate.
+        let decay = nodes[0].latency_decay_s();
+        if nodes.iter().all(|n| n.latency_decay_s() == decay) {
+            return min_by_random_tie(nodes, rng, |n| n.latency_key(decay).unwrap_or(f64::NEG_INFINITY));
+        }
         min_by_random_tie(nodes, rng, |n| n.ttfb_estimate(ctx.now).map_or(0, |d| d.as_nanos()))
     }
 }
@@ -245,20 +278,60 @@ impl Balance for P2c {
 #[derive(Debug, Default)]
 pub struct PriorityOrder {
     order: Vec<String>,
+    /// Each node's place in `order`, by node id, found once per node (`UNRANKED`: not yet).
+    places: Mutex<Vec<usize>>,
 }
+
+const UNRANKED: usize = usize::MAX - 1;
 
 impl Balance for PriorityOrder {
     fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
-        let rank = |n: &Node| self.order.iter().position(|o| o == n.name()).unwrap_or(usize::MAX);
+        let mut places = lock(&self.places);
+        let top = nodes.iter().map(|n| n.id()).max().unwrap_or(0);
+        if places.len() <= top {
+            places.resize(top + 1, UNRANKED);
+        }
+        let mut place = |n: &Node| {
+            let p = &mut places[n.id()];
+            if *p == UNRANKED {
+                *p = self.order.iter().position(|o| o == n.name()).unwrap_or(usize::MAX);
+            }
+            *p
+        };
         // Nodes not in `order` keep their config order, after the listed ones.
-        (0..nodes.len()).min_by_key(|&i| (rank(&nodes[i]), i)).unwrap_or(0)
+        (0..nodes.len()).min_by_key(|&i| (place(&nodes[i]), i)).unwrap_or(0)
     }
 }
 
-/// The candidate names a ring was built for, and the ring: (point, owner) sorted by point.
-type Ring = (Vec<String>, Vec<(u64, String)>);
+/// A consistent-hash ring: (point, owner's node id) sorted by point, and the ids it was built
+/// over, sorted.
+#[derive(Debug, Default)]
+struct Ring {
+    members: Vec<usize>,
+    points: Vec<(u64, usize)>,
+}
 
-/// Consistent-hash ring of candidate names, cached for the last candidate set.
+impl Ring {
+    fn build(nodes: &[Arc<Node>]) -> Self {
+        let mut points: Vec<(u64, usize)> = nodes
+            .iter()
+            .flat_map(|n| (0..VIRTUAL_NODES).map(move |v| (hash64(&format!("{}#{v}", n.name())), n.id())))
+            .collect();
+        points.sort_unstable();
+        let mut members: Vec<usize> = nodes.iter().map(|n| n.id()).collect();
+        members.sort_unstable();
+        Self { members, points }
+    }
+
+    fn has(&self, id: usize) -> bool {
+        self.members.binary_search(&id).is_ok()
+    }
+}
+
+/// Consistent-hash ring, built over the candidates and kept while later candidate sets are
+/// within it. The owner among a subset is the first point clockwise whose node is in the
+/// subset, the same answer as a ring built over the subset alone (its points are a subset of
+/// these), so a node that is full for a moment does not cost a rebuild.
 #[derive(Debug, Default)]
 pub struct Sticky {
     ring: Mutex<Ring>,
@@ -266,37 +339,23 @@ pub struct Sticky {
 
 pub const VIRTUAL_NODES: usize = 160;
 
-/// FNV-1a with a SplitMix64 finalizer: FNV alone leaves keys that differ in their last
-/// character close together on the ring.
-fn hash64(s: &str) -> u64 {
-    let mut z: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in s.bytes().chain(std::iter::once(0xff)) {
-        z ^= u64::from(b);
-        z = z.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl Balance for Sticky {
     fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
         let Some(session) = ctx.session else { return rng.gen_range(0..nodes.len()) };
-        let names: Vec<String> = nodes.iter().map(|n| n.name().to_string()).collect();
-        let mut cache = lock(&self.ring);
-        if cache.0 != names {
-            let mut ring: Vec<(u64, String)> = names
-                .iter()
-                .flat_map(|n| (0..VIRTUAL_NODES).map(move |v| (hash64(&format!("{n}#{v}")), n.clone())))
-                .collect();
-            ring.sort();
-            *cache = (names.clone(), ring);
+        let mut ring = lock(&self.ring);
+        if !nodes.iter().all(|n| ring.has(n.id())) {
+            *ring = Ring::build(nodes);
         }
         let h = hash64(session);
-        let ring = &cache.1;
-        let at = ring.partition_point(|(k, _)| *k < h) % ring.len();
-        let owner = &ring[at].1;
-        names.iter().position(|n| n == owner).unwrap_or(0)
+        let start = ring.points.partition_point(|(k, _)| *k < h);
+        let points = ring.points.len();
+        for step in 0..points {
+            let owner = ring.points[(start + step) % points].1;
+            if let Some(i) = nodes.iter().position(|n| n.id() == owner) {
+                return i;
+            }
+        }
+        0
     }
 }
 
@@ -309,8 +368,8 @@ pub struct FastestFinish;
 impl Balance for FastestFinish {
     fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, _: &mut SmallRng) -> usize {
         let key = ctx.model.map(crate::config::model_key);
-        let key = key.as_deref();
-        Board::new().plan(nodes, key, &ctx.work, ctx.now, |n| occupancy(n, key)).map_or(0, |p| p.index)
+        let model = key.as_deref().map(ModelRef::new);
+        Board::new().plan(nodes, key.as_deref(), &ctx.work, ctx.now, |n| occupancy(n, model)).map_or(0, |p| p.index)
     }
 }
 
@@ -321,7 +380,7 @@ pub fn balance_for(policy: Policy, category: &CategoryConfig) -> Box<dyn Balance
         Policy::LeastConnections => Box::new(LeastConnections),
         Policy::LeastLatency => Box::new(LeastLatency),
         Policy::P2c => Box::new(P2c),
-        Policy::Priority => Box::new(PriorityOrder { order: category.order.clone() }),
+        Policy::Priority => Box::new(PriorityOrder { order: category.order.clone(), places: Mutex::default() }),
         Policy::Sticky => Box::new(Sticky::default()),
         Policy::FastestFinish => Box::new(FastestFinish),
     }
@@ -361,10 +420,16 @@ impl Router {
         if nodes.is_empty() {
             return None;
         }
-        let mut rng = lock(&self.rng);
         let key = ctx.model.map(crate::config::model_key).filter(|_| self.affinity);
-        let tiers: Vec<u8> = nodes.iter().map(|n| rank(n, key.as_deref(), self.wait_for_warm, ctx.now)).collect();
+        let model = key.as_deref().map(ModelRef::new);
+        let tiers: Vec<u8> = nodes.iter().map(|n| rank(n, model, self.wait_for_warm, ctx.now)).collect();
         let best = tiers.iter().copied().min().unwrap_or(0);
+        let mut rng = lock(&self.rng);
+        // The common case: every node in the same tier and none ramping up, so the policy
+        // sees `nodes` as they are, with nothing copied.
+        if tiers.iter().all(|t| *t == best) && nodes.iter().all(|n| n.slow_start_factor(ctx.now) >= 1.0) {
+            return Some(self.balance.pick(nodes, ctx, &mut rng));
+        }
         // Keep a node when it is in the best occupancy tier and passes its slow-start dice.
         let mut keep = |i: usize| {
             if tiers[i] != best {
@@ -381,7 +446,6 @@ impl Router {
             pool
         };
         if pool.len() == nodes.len() {
-            // The common case: nothing filtered, no copy.
             return Some(self.balance.pick(nodes, ctx, &mut rng));
         }
         let subset: Vec<Arc<Node>> = pool.iter().map(|&i| Arc::clone(&nodes[i])).collect();
@@ -578,7 +642,7 @@ mod tests {
         nodes[1].set_loaded(vec![lm("m:latest")]);
         nodes[3].set_loaded(vec![lm("other:latest")]);
         let _busy = nodes[1].try_dispatch(false).expect("slot");
-        let ranks: Vec<u8> = nodes.iter().map(|n| occupancy(n, Some("m:latest"))).collect();
+        let ranks: Vec<u8> = nodes.iter().map(|n| occupancy(n, Some(ModelRef::new("m:latest")))).collect();
         assert_eq!(ranks, vec![0, 2, 1, 3], "idle+loaded, busy+loaded, cold, would evict");
         let r = router(Policy::LeastConnections);
         let c = PickCtx { model: Some("m"), session: None, now: Instant::now(), work: Work::default() };
@@ -705,6 +769,90 @@ mod tests {
         assert_eq!(candidates(&reg, None, &nodes).err(), Some(NoCandidate::AllTried));
         let single = registry(1);
         assert!(candidates(&single, None, &single.all()).is_ok());
+    }
+
+    #[test]
+    fn the_per_model_index_follows_model_lists_and_added_and_removed_nodes() {
+        let reg = registry(2);
+        let nodes = reg.all();
+        let names = |c: Nodes| c.iter().map(|n| n.name().to_string()).collect::<Vec<_>>();
+        assert_eq!(names(candidates(&reg, Some("a"), &[]).expect("lists unknown")), ["n0", "n1"]);
+        nodes[0].set_models(["a".to_string()]);
+        assert_eq!(names(candidates(&reg, Some("a"), &[]).expect("n0 lists it")), ["n0", "n1"], "n1's list is unknown");
+        nodes[1].set_models(["b".to_string()]);
+        assert_eq!(names(candidates(&reg, Some("a"), &[]).expect("n0 only")), ["n0"]);
+        let added =
+            reg.add(NodeConfig { name: "n9".into(), url: "http://127.0.0.1:9".into(), ..NodeConfig::default() });
+        assert_eq!(names(candidates(&reg, Some("a"), &[]).expect("and the new one")), ["n0", "n9"], "{added:?}");
+        nodes[0].forget_model("a");
+        assert_eq!(names(candidates(&reg, Some("a"), &[]).expect("the new one")), ["n9"]);
+        reg.remove("n9");
+        assert_eq!(candidates(&reg, Some("a"), &[]).err(), Some(NoCandidate::UnknownModel));
+        // The common case hands out the index's own list: no copy per decision.
+        let (x, y) = (candidates(&reg, Some("b"), &[]).expect("n1"), candidates(&reg, Some("b"), &[]).expect("n1"));
+        assert!(Arc::ptr_eq(&x, &y));
+    }
+
+    #[test]
+    fn more_loaded_models_than_the_atomics_hold_are_read_from_the_list() {
+        let reg = registry(1);
+        let node = &reg.all()[0];
+        let lm = |name: &str, vram| LoadedModel { name: name.into(), size: 10, size_vram: vram, context_length: None };
+        let many: Vec<_> = (0..6).map(|i| lm(&format!("m{i}:latest"), 10)).collect();
+        node.set_loaded(many);
+        assert_eq!(occupancy(node, Some(ModelRef::new("m5:latest"))), 0, "the sixth is hot");
+        assert_eq!(occupancy(node, Some(ModelRef::new("x:latest"))), 3, "another model would be evicted");
+        node.set_loaded(vec![lm("m:latest", 5)]);
+        assert_eq!(
+            occupancy(node, Some(ModelRef::new("m:latest"))),
+            1,
+            "partly in VRAM is not hot, and nothing else is loaded"
+        );
+        node.set_loaded(Vec::new());
+        assert_eq!(occupancy(node, Some(ModelRef::new("m:latest"))), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn least_latencys_order_keys_order_nodes_as_their_decayed_estimates_do() {
+        let reg = registry(6);
+        let nodes = reg.all();
+        let mut rng = SmallRng::seed_from_u64(9);
+        use rand::Rng as _;
+        for round in 0..200 {
+            let n = &nodes[rng.gen_range(0..nodes.len())];
+            n.observe_ttfb(Duration::from_millis(rng.gen_range(1..500)));
+            tokio::time::advance(Duration::from_millis(rng.gen_range(0..3000))).await;
+            let now = Instant::now();
+            let decay = nodes[0].latency_decay_s();
+            let by_estimate: Vec<u128> =
+                nodes.iter().map(|n| n.ttfb_estimate(now).map_or(0, |d| d.as_nanos())).collect();
+            let by_key: Vec<f64> = nodes.iter().map(|n| n.latency_key(decay).unwrap_or(f64::NEG_INFINITY)).collect();
+            for i in 0..nodes.len() {
+                for j in 0..nodes.len() {
+                    // Estimates compare in whole nanoseconds; keys are exact.
+                    if by_estimate[i] + 1 < by_estimate[j] {
+                        assert!(by_key[i] < by_key[j], "round {round}: {by_estimate:?} vs {by_key:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sticky_ring_kept_over_more_nodes_answers_as_one_built_over_the_candidates() {
+        let reg = registry(8);
+        let nodes = reg.all();
+        let wide = router(Policy::Sticky);
+        let _ = wide.pick(&nodes, &ctx(Some("warm-up")));
+        for leave in 0..nodes.len() {
+            let subset: Vec<_> =
+                nodes.iter().enumerate().filter(|(i, _)| i % 3 != leave % 3).map(|(_, n)| Arc::clone(n)).collect();
+            let fresh = router(Policy::Sticky);
+            for i in 0..100 {
+                let s = format!("s{leave}-{i}");
+                assert_eq!(wide.pick(&subset, &ctx(Some(&s))), fresh.pick(&subset, &ctx(Some(&s))), "{s}");
+            }
+        }
     }
 
     proptest! {
