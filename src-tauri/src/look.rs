@@ -126,6 +126,18 @@ pub fn copy_label(endpoint: &str) -> String {
     format!("Copy endpoint: {endpoint}")
 }
 
+/// The Connect submenu: what a client is pointed at, each entry copying its text. By id (the
+/// menu event's), label and the text that goes on the clipboard.
+pub fn connect_items(endpoint: &str) -> [(&'static str, String, String); 3] {
+    [
+        ("copy", copy_label(endpoint), endpoint.to_string()),
+        ("copy-openai", format!("Copy OpenAI URL: {endpoint}/v1"), format!("{endpoint}/v1")),
+        ("copy-env", format!("Copy OLLAMA_HOST={endpoint}"), format!("OLLAMA_HOST={endpoint}")),
+    ]
+}
+
+pub const CONNECT: &str = "Connect";
+
 pub const OPEN: &str = "Open Corral";
 pub const NODES: &str = "Nodes";
 pub const NO_NODES: &str = "No nodes configured";
@@ -143,7 +155,9 @@ pub fn menu_labels(snap: &Snapshot, endpoint: &str) -> Vec<String> {
         out.push(format!("  {NO_NODES}"));
     }
     out.extend(snap.nodes.iter().map(|n| format!("  {}", node_label(n))));
-    out.extend([copy_label(endpoint), BROWSER.into(), CONFIG_DIR.into(), LOGS_DIR.into(), "-".into()]);
+    out.push(CONNECT.into());
+    out.extend(connect_items(endpoint).into_iter().map(|(_, label, _)| format!("  {label}")));
+    out.extend([BROWSER.into(), CONFIG_DIR.into(), LOGS_DIR.into(), "-".into()]);
     out.extend([pause_label(snap.accepting).into(), MUTE.into(), "-".into(), QUIT.into()]);
     out
 }
@@ -204,7 +218,10 @@ mod tests {
                 "Nodes",
                 "  gpu0 (up)",
                 "  gpu1 (disabled)",
-                "Copy endpoint: http://127.0.0.1:11400",
+                "Connect",
+                "  Copy endpoint: http://127.0.0.1:11400",
+                "  Copy OpenAI URL: http://127.0.0.1:11400/v1",
+                "  Copy OLLAMA_HOST=http://127.0.0.1:11400",
                 "Open UI in browser",
                 "Open config folder",
                 "Open logs folder",

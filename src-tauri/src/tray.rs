@@ -40,6 +40,9 @@ pub fn build(app: &AppHandle, endpoint: &str, muted: bool) -> tauri::Result<Tray
     let item = |id: &str, label: &str| MenuItem::with_id(app, id, label, true, None::<&str>);
     let pause = item("pause", look::pause_label(true))?;
     let mute = CheckMenuItem::with_id(app, "mute", look::MUTE, true, muted, None::<&str>)?;
+    let copies = look::connect_items(endpoint).map(|(id, label, _)| item(id, &label));
+    let [a, b, c] = copies;
+    let connect = Submenu::with_id_and_items(app, "connect", look::CONNECT, true, &[&a?, &b?, &c?])?;
     let menu = Menu::with_items(
         app,
         &[
@@ -47,7 +50,7 @@ pub fn build(app: &AppHandle, endpoint: &str, muted: bool) -> tauri::Result<Tray
             &sep()?,
             &item("open", look::OPEN)?,
             &nodes,
-            &item("copy", &look::copy_label(endpoint))?,
+            &connect,
             &item("browser", look::BROWSER)?,
             &item("config-dir", look::CONFIG_DIR)?,
             &item("logs-dir", look::LOGS_DIR)?,
@@ -155,7 +158,7 @@ pub fn on_menu(app: &AppHandle, id: &str) {
     let Some(shell) = app.try_state::<Shell>() else { return };
     match id {
         "open" => crate::show_window(app),
-        "copy" => copy_endpoint(app, &shell),
+        "copy" | "copy-openai" | "copy-env" => copy_endpoint(app, &shell, id),
         "browser" => open(app, OpenWhat::Url(shell.browser_url.clone())),
         "config-dir" => open(app, OpenWhat::Dir(shell.config_dir.clone())),
         "logs-dir" => open(app, OpenWhat::Dir(shell.logs_dir.clone())),
@@ -174,10 +177,14 @@ pub fn on_menu(app: &AppHandle, id: &str) {
     crate::kick(app);
 }
 
-fn copy_endpoint(app: &AppHandle, shell: &Shell) {
-    match app.clipboard().write_text(shell.endpoint.clone()) {
+/// Put the Connect entry `id`'s text (the endpoint, its `/v1` or the `OLLAMA_HOST` line) on
+/// the clipboard.
+fn copy_endpoint(app: &AppHandle, shell: &Shell, id: &str) {
+    let items = look::connect_items(&shell.endpoint);
+    let Some((_, _, text)) = items.into_iter().find(|(i, _, _)| *i == id) else { return };
+    match app.clipboard().write_text(text.clone()) {
         Ok(()) => {
-            tracing::info!(endpoint = %shell.endpoint, "endpoint copied");
+            tracing::info!(copied = %text, "endpoint copied");
             if shell.inspect.enabled() {
                 let back = app.clipboard().read_text().ok();
                 shell.inspect.update(|r| r.copied = back);

@@ -132,8 +132,49 @@ fn connect(s: &AdminState) -> Value {
         "env": format!("OLLAMA_HOST={first}"),
         "listeners": urls,
         "demo": demo,
+        // Ready to paste and run: a first request through the official Ollama and OpenAI
+        // Python clients and curl.
+        "snippets": snippets(&first, &snippet_model(s), !s.shared.config().listeners.first().is_none_or(|l| l.api_keys.is_empty())),
         // Where UI edits are written; null: they last until the broker stops.
         "config_file": s.shared.config_file().map(|p| p.display().to_string()),
+    })
+}
+
+/// The model the snippets ask: the first chat model a node serves, shown as a user types it.
+fn snippet_model(s: &AdminState) -> String {
+    snippet_model_of(s.shared.registry.all().iter().filter_map(|n| n.models()).flatten())
+}
+
+/// Names come from the nodes, and a snippet is pasted into a shell: only a plain model name
+/// is used (Ollama's own characters), so a node that lies cannot put a command in the user's
+/// terminal. Embedding models come last: they would answer a chat snippet with an error.
+fn snippet_model_of(names: impl Iterator<Item = String>) -> String {
+    let plain = |m: &String| {
+        !m.is_empty() && m.len() <= 128 && m.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b))
+    };
+    let names: Vec<String> = names.filter(plain).collect();
+    let found = names.iter().find(|m| !m.contains("embed")).or(names.first());
+    found.map_or_else(|| "llama3.2".to_string(), |m| m.strip_suffix(":latest").unwrap_or(m).to_string())
+}
+
+/// A first request to `url` for `model` as the official `ollama` and `openai` Python clients
+/// and curl make it; `keyed`: the listener wants a client key, read from `CORRAL_API_KEY`.
+fn snippets(url: &str, model: &str, keyed: bool) -> Value {
+    let ask = r#"[{"role": "user", "content": "Why is the sky blue?"}]"#;
+    let (import, ollama_auth, openai_key, curl_auth) = if keyed {
+        (
+            "import os\n",
+            r#", headers={"Authorization": "Bearer " + os.environ["CORRAL_API_KEY"]}"#,
+            r#"os.environ["CORRAL_API_KEY"]"#,
+            r#" -H "Authorization: Bearer $CORRAL_API_KEY""#,
+        )
+    } else {
+        ("", "", r#""corral""#, "")
+    };
+    json!({
+        "python": format!("{import}from ollama import Client\n\nclient = Client(host=\"{url}\"{ollama_auth})\nreply = client.chat(model=\"{model}\", messages={ask})\nprint(reply.message.content)\n"),
+        "openai": format!("{import}from openai import OpenAI\n\nclient = OpenAI(base_url=\"{url}/v1\", api_key={openai_key})\nreply = client.chat.completions.create(model=\"{model}\", messages={ask})\nprint(reply.choices[0].message.content)\n"),
+        "curl": format!("curl {url}/api/chat{curl_auth} -d '{{\"model\": \"{model}\", \"messages\": {ask}, \"stream\": false}}'\n"),
     })
 }
 
@@ -320,4 +361,39 @@ fn category_help(c: &crate::config::CategoryConfig) -> Value {
             "over_limit": over, "zero_means": "no cap / no default",
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{snippet_model_of, snippets};
+
+    fn names(n: &[&str]) -> impl Iterator<Item = String> {
+        n.iter().map(|s| s.to_string()).collect::<Vec<_>>().into_iter()
+    }
+
+    #[test]
+    fn the_snippet_model_is_a_plain_chat_model_name_never_one_that_could_run_in_a_shell() {
+        assert_eq!(snippet_model_of(names(&["nomic-embed-text:latest", "qwen2.5:7b"])), "qwen2.5:7b");
+        assert_eq!(snippet_model_of(names(&["llama3.2:latest"])), "llama3.2");
+        assert_eq!(
+            snippet_model_of(names(&["nomic-embed-text:latest"])),
+            "nomic-embed-text",
+            "only embeddings: still a name it serves"
+        );
+        // A node that lies about its models cannot break out of the curl snippet's quotes.
+        assert_eq!(snippet_model_of(names(&["x'; rm -rf ~ #", "a\"b", "$(id)"])), "llama3.2");
+        assert_eq!(snippet_model_of(names(&[])), "llama3.2");
+    }
+
+    #[test]
+    fn a_keyed_listener_gets_snippets_that_send_the_key_from_the_environment() {
+        let open = snippets("http://127.0.0.1:11434", "llama3.2", false);
+        let keyed = snippets("http://127.0.0.1:11434", "llama3.2", true);
+        for k in ["python", "openai", "curl"] {
+            let (o, s) = (open[k].as_str().unwrap_or_default(), keyed[k].as_str().unwrap_or_default());
+            assert!(!o.contains("CORRAL_API_KEY"), "{o}");
+            assert!(s.contains("CORRAL_API_KEY"), "{k}: {s}");
+        }
+        assert!(keyed["curl"].as_str().unwrap_or_default().contains(r#"-H "Authorization: Bearer $CORRAL_API_KEY""#));
+    }
 }

@@ -258,7 +258,7 @@ test("a second launch hands over to the first and exits at once; the first stays
 test("the tray: status line, every item, a ticked entry per node; its own icon while paused", { skip }, async () => {
   await eventually("the tray's state", async () => readState()?.icon === "healthy" && readState().menu.includes("2/2 nodes up · 0 in flight"));
   const s = readState();
-  for (const label of ["Open Corral", "Nodes", "  gpu0 (up)", "  gpu1 (up)", `Copy endpoint: ${proxy}`, "Open UI in browser", "Open config folder", "Open logs folder", "Pause (new requests get 503)", "Mute notifications", "Quit (let requests finish)"]) {
+  for (const label of ["Open Corral", "Nodes", "  gpu0 (up)", "  gpu1 (up)", "Connect", `  Copy endpoint: ${proxy}`, `  Copy OpenAI URL: ${proxy}/v1`, `  Copy OLLAMA_HOST=${proxy}`, "Open UI in browser", "Open config folder", "Open logs folder", "Pause (new requests get 503)", "Mute notifications", "Quit (let requests finish)"]) {
     assert.ok(s.menu.includes(label), `menu has ${JSON.stringify(label)}: ${JSON.stringify(s.menu)}`);
   }
   assert.deepEqual(s.nodes, [["gpu0", true], ["gpu1", true]]);
@@ -284,6 +284,10 @@ test("the tray: status line, every item, a ticked entry per node; its own icon w
 
   await trayClick("copy");
   await eventually("the endpoint on the clipboard", async () => readState()?.copied === proxy);
+  await trayClick("copy-openai");
+  await eventually("the /v1 URL on the clipboard", async () => readState()?.copied === `${proxy}/v1`);
+  await trayClick("copy-env");
+  await eventually("the OLLAMA_HOST line on the clipboard", async () => readState()?.copied === `OLLAMA_HOST=${proxy}`);
   assert.equal(readState().muted, true, "CORRAL_MUTE");
   await trayClick("mute");
   await eventually("unmuted", async () => readState()?.muted === false);

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { readFileSync, writeFileSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { cluster, browser, open } from "./harness.mjs";
+import { cluster, browser, open, proc, TOKEN } from "./harness.mjs";
 
 /** With CORRAL_SCREENSHOTS=DIR, the README's screenshots of these screens are saved there. */
 const SHOTS = process.env.CORRAL_SCREENSHOTS;
@@ -55,6 +55,42 @@ test("the overview says where to point clients, as bound", async () => {
   const saved = await page.textContent("[data-testid=config-file]");
   assert.ok(saved.includes(`saved to ${c.configPath}`), `says where edits go: ${saved}`);
   await page.close();
+});
+
+test("the connect panel's snippets name this proxy and a model it serves, and Copy puts the shown one on the clipboard", async () => {
+  const page = await open(b, c);
+  await page.context().grantPermissions(["clipboard-read", "clipboard-write"], { origin: c.admin });
+  await page.waitForSelector("[data-testid=snippet]", { timeout: 10000 });
+  const expect = { python: ["from ollama import Client", `Client(host="${c.proxy}")`], openai: ["from openai import OpenAI", `base_url="${c.proxy}/v1"`], curl: [`curl ${c.proxy}/api/chat`, '"stream": false'] };
+  for (const [tab, parts] of Object.entries(expect)) {
+    await page.click(`[data-snippet=${tab}]`);
+    const shown = await page.textContent("[data-testid=snippet]");
+    for (const p of parts) assert.ok(shown.includes(p), `${tab} snippet has ${p}: ${shown}`);
+    assert.match(shown, /model"?[=:] ?"llama3\.2"/, `${tab} asks a model the nodes serve: ${shown}`);
+    await page.click("[data-testid=copy-snippet]");
+    assert.equal(await page.evaluate(() => navigator.clipboard.readText()), shown, `Copy took the ${tab} snippet as shown`);
+  }
+  await page.close();
+});
+
+test("corral demo: the header says demo cluster (simulated nodes), and Save as my config writes a file edits then go to", async () => {
+  const home = mkdtempSync(join(tmpdir(), "corral-ui-demo-"));
+  const demo = proc(["demo", "--port", "0", "--admin-port", "0", "--db", join(home, "demo.db")], { CORRAL_ADMIN_TOKEN: TOKEN, XDG_CONFIG_HOME: home, XDG_DATA_HOME: home });
+  try {
+    const admin = await demo.url("Admin API:");
+    const page = await open(b, { admin });
+    await page.waitForSelector("[data-testid=demo]", { timeout: 10000 });
+    assert.equal((await page.textContent("[data-testid=demo]")).trim(), "demo cluster (simulated nodes)");
+    const before = await page.textContent("[data-testid=config-file]");
+    assert.match(before, /last until the broker stops/, before);
+    await page.click("[data-testid=save-config]");
+    const saved = join(home, "corral", "corral.toml");
+    await page.waitForFunction((p) => document.querySelector("[data-testid=config-file]")?.textContent?.includes(`saved to ${p}`), saved, { timeout: 5000 });
+    assert.match(readFileSync(saved, "utf8"), /\[\[nodes\]\]/, "the file holds the running nodes");
+    await page.close();
+  } finally {
+    demo.stop();
+  }
 });
 
 test("disabling a node in the UI stops its traffic", async () => {

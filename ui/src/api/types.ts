@@ -290,6 +290,8 @@ export interface Connect {
   listeners: string[];
   /** The nodes are simulated (`corral demo`). */
   demo: boolean;
+  /** A first request, ready to paste: the official Python clients (ollama, openai) and curl. */
+  snippets: { python: string; openai: string; curl: string };
   /** The file UI edits are written to; null: they last until the broker stops. */
   config_file: string | null;
 }
