@@ -206,4 +206,13 @@ fn the_cli_previews_in_words_and_applies_trust_changes_only_when_accepted() {
     assert_eq!(code, 0, "{out}");
     let merged = corral::Config::load(&mine).expect("valid");
     assert_eq!(merged.categories[0].cloud, corral::config::CloudPermission::OnFailure, "all accepted");
+
+    // An import whose only change is held back writes nothing, and says so.
+    let repoint = temp_file("repoint", "[[nodes]]\nname = \"gpu1\"\nurl = \"http://10.7.7.7:11434\"\n");
+    let before = std::fs::read_to_string(&mine).expect("read");
+    let (code, out, _) =
+        run(&["config", "import", repoint.to_str().unwrap_or_default(), "--config", mine_s, "--merge"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("nothing written") && !out.contains("wrote "), "{out}");
+    assert_eq!(std::fs::read_to_string(&mine).expect("read"), before, "the file is as it was");
 }

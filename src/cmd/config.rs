@@ -139,13 +139,20 @@ pub fn import(file: &Path, mode: ImportMode, dry_run: bool, target: Option<&Path
         println!("dry run: {} not changed", target.display());
         return ExitCode::SUCCESS;
     }
+    if plan.next == base {
+        // Everything was held back (or there was nothing to take): the file stays as it is.
+        println!("nothing written: {} is unchanged", target.display());
+        return ExitCode::SUCCESS;
+    }
     if let Err(code) = claim_before_write(&base, &plan.next) {
         return code;
     }
     // Edited in place: the file keeps its comments, order and the defaults it left out.
     match corral::config::write_into(&target, &plan.next) {
         Ok(()) => {
-            println!("wrote {} ({} change(s))", target.display(), plan.changes.len());
+            let held =
+                if plan.held_back.is_empty() { String::new() } else { format!("; {} held back", plan.held_back.len()) };
+            println!("wrote {} ({} change(s){held})", target.display(), plan.changes.len());
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -129,6 +129,22 @@ fn value_item(v: &toml::Value) -> Item {
     text.parse::<DocumentMut>().ok().and_then(|d| d.get("v").cloned()).unwrap_or(Item::None)
 }
 
+/// Put `v` in `slot`, keeping the spacing and the comment around the value it replaces
+/// (`policy = "p2c"  # fast` stays commented).
+fn set_value(slot: &mut Item, v: &toml::Value) {
+    let mut next = value_item(v);
+    if let (Some(old), Some(new)) = (slot.as_value(), next.as_value_mut()) {
+        let (prefix, suffix) = (old.decor().prefix().cloned(), old.decor().suffix().cloned());
+        if let Some(p) = prefix {
+            new.decor_mut().set_prefix(p);
+        }
+        if let Some(s) = suffix {
+            new.decor_mut().set_suffix(s);
+        }
+    }
+    *slot = next;
+}
+
 /// `[section]`: set each key whose value changed.
 fn edit_section(doc: &mut DocumentMut, key: &str, old: Option<&toml::Table>, new: &toml::Table) {
     let changed: Vec<(&String, &toml::Value)> =
@@ -140,7 +156,7 @@ fn edit_section(doc: &mut DocumentMut, key: &str, old: Option<&toml::Table>, new
         doc[key] = Item::Table(Table::new());
     }
     for (k, v) in changed {
-        doc[key][k.as_str()] = value_item(v);
+        set_value(&mut doc[key][k.as_str()], v);
     }
 }
 
@@ -182,7 +198,7 @@ fn edit_array(doc: &mut DocumentMut, key: &str, old: Option<&toml::Value>, new: 
                 if let Some(t) = array.get_mut(at) {
                     for (k, v) in table {
                         if before.and_then(|b| b.get(k)) != Some(v) {
-                            t[k.as_str()] = value_item(v);
+                            set_value(&mut t[k.as_str()], v);
                         }
                     }
                 }
@@ -251,6 +267,7 @@ mod tests {
         let out = edit_text(FILE, &next).expect("edits");
         assert!(out.contains("# my cluster") && out.contains("# the big one"), "comments stay:\n{out}");
         assert!(out.contains("weight = 5"), "{out}");
+        assert!(out.contains("policy = \"least-connections\" # fast"), "the edited line keeps its comment:\n{out}");
         assert_eq!(Config::parse(&out).expect("valid"), next, "reads back as asked");
         assert!(out.lines().count() < 16, "no defaults written out:\n{out}");
     }
