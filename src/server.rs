@@ -42,6 +42,14 @@ use tower::ServiceExt;
 
 use crate::error::BrokerError;
 
+/// The token of an `Authorization: Bearer <token>` header. The scheme is case-insensitive
+/// (RFC 9110 11.1: `bearer` and `BEARER` are `Bearer`); the token is taken as sent, trimmed.
+pub fn bearer_token(headers: &http::HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 /// What one listener allows its connections.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -362,6 +370,21 @@ pub fn open_file_limit() -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_other_schemes_are_not_bearer() {
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::AUTHORIZATION, v.parse().expect("header"));
+            super::bearer_token(&h).map(str::to_string)
+        };
+        for v in ["Bearer abc", "bearer abc", "BEARER  abc "] {
+            assert_eq!(with(v).as_deref(), Some("abc"), "{v}");
+        }
+        for v in ["Basic abc", "Bearerabc", "abc"] {
+            assert_eq!(with(v), None, "{v}");
+        }
+    }
+
     use super::*;
 
     fn limits(max: usize, per_ip: usize) -> Limits {

@@ -133,6 +133,21 @@ fn config_check_reports_every_problem_with_its_line_and_exits_2() {
 }
 
 #[test]
+fn config_check_names_each_bad_node_at_its_own_line_when_two_in_a_row_are_broken() {
+    // The wall: nodes[1]'s bad URL was reported against nodes[0], at nodes[0]'s line.
+    let text = "[[nodes]]\nname = \"gpu0\"\nurl = \"ftp://a\"\n\n[[nodes]]\nname = \"gpu1\"\nurl = \"not a url\"\nweight = 0\n\n[[nodes]]\nname = \"gpu2\"\nurl = \"http://127.0.0.1:1\"\n";
+    let bad = temp_file("two-bad-nodes", text);
+    let (code, _, err) = run(&["config", "check", bad.to_str().unwrap_or_default()]);
+    assert_eq!(code, 2, "{err}");
+    let problem = |path: &str| err.lines().find(|l| l.contains(&format!(" {path}: "))).map(str::to_string);
+    assert!(problem("nodes[0].url").is_some_and(|l| l.contains("line 3:")), "nodes[0].url at line 3:\n{err}");
+    assert!(problem("nodes[1].url").is_some_and(|l| l.contains("line 7:")), "nodes[1].url at line 7:\n{err}");
+    assert!(problem("nodes[1].weight").is_some_and(|l| l.contains("line 8:")), "nodes[1].weight at line 8:\n{err}");
+    assert!(!err.contains("nodes[2]"), "the good node is not blamed:\n{err}");
+    assert_eq!(err.matches("nodes[0]").count(), 1, "one problem in nodes[0]:\n{err}");
+}
+
+#[test]
 fn serve_refuses_a_broken_config_with_exit_2() {
     let bad = temp_file("serve-bad", "[[nodes]]\nname = \"a\"\nurl = \"http://127.0.0.1:1\"\nwieght = 2\n");
     let (code, _, err) = run(&["serve", "--config", bad.to_str().unwrap_or_default()]);
@@ -574,7 +589,7 @@ fn bench_says_when_nothing_answers_and_sends_no_load() {
     drop(closed);
     let (code, out, err) =
         run(&["bench", "--url", &format!("http://127.0.0.1:{port}"), "--requests", "5", "--concurrency", "1"]);
-    assert_eq!(code, 2, "{out}{err}");
+    assert_eq!(code, 1, "a runtime failure, as CONTRACT.md says: {out}{err}");
     assert!(err.contains(&format!("connection refused at http://127.0.0.1:{port}")), "{err}");
     assert!(!out.contains("| A"), "no table of failures: {out}");
 }

@@ -359,12 +359,7 @@ async fn own_site_only(State(state): State<AdminState>, req: Request, next: Next
 }
 
 async fn require_token(State(state): State<AdminState>, req: Request, next: Next) -> Response {
-    let from_header = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string);
+    let from_header = crate::server::bearer_token(req.headers()).map(str::to_string);
     // Only the event stream takes the token in its URL: `EventSource` cannot send headers, and
     // a URL ends up in logs and history, so nothing that changes state may be opened by one.
     let stream = req.method() == Method::GET && req.uri().path() == "/admin/events";

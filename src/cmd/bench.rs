@@ -29,7 +29,8 @@ pub async fn run(a: BenchArgs) -> ExitCode {
     for url in std::iter::once(&url_a).chain(url_b.as_ref()) {
         if let Err(why) = reachable(url).await {
             eprintln!("error: {why}\nIs Corral (`corral serve`, `corral demo`) or an Ollama running there?");
-            return ExitCode::from(2);
+            // A runtime failure (CONTRACT.md: 1), not a usage error: the URL was well formed.
+            return ExitCode::from(1);
         }
     }
     let rounds = if url_b.is_some() { 2 } else { 1 };

@@ -143,7 +143,7 @@ fn check_model_name(model: &str) -> Result<(), BrokerError> {
 
 /// The bearer token a request carries (`Authorization: Bearer <key>`).
 fn bearer(headers: &HeaderMap) -> Option<&[u8]> {
-    Some(headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ")?.trim().as_bytes())
+    crate::server::bearer_token(headers).map(str::as_bytes)
 }
 
 /// Check the client key on a listener that names `api_keys`; the key is for Corral, never for
