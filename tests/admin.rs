@@ -99,6 +99,33 @@ async fn help_describes_the_running_config() {
 }
 
 #[tokio::test]
+async fn status_says_when_no_node_can_take_a_request() {
+    let c = cluster(2).start().await;
+    c.learn_models().await;
+    let capacity = || async {
+        let v: Value = c.admin(Method::GET, "/admin/status").send().await.expect("status").json().await.expect("json");
+        v["capacity"].clone()
+    };
+    let up = capacity().await;
+    assert_eq!((up["serving_nodes"].as_u64(), up["none"].as_bool()), (Some(2), Some(false)), "{up}");
+    for n in ["n0", "n1"] {
+        let r = c
+            .admin(Method::PATCH, &format!("/admin/nodes/{n}"))
+            .json(&json!({"enabled": false}))
+            .send()
+            .await
+            .expect("patch");
+        assert_eq!(r.status(), 200);
+    }
+    let none = capacity().await;
+    assert_eq!(
+        (none["serving_nodes"].as_u64(), none["slots"].as_u64(), none["none"].as_bool()),
+        (Some(0), Some(0), Some(true)),
+        "{none}"
+    );
+}
+
+#[tokio::test]
 async fn nodes_can_be_added_changed_and_removed_at_runtime() {
     let c = cluster(1).start().await;
     c.learn_models().await;

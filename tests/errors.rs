@@ -257,6 +257,20 @@ async fn an_unknown_node_name_is_400_naming_the_nodes_there_are() {
     let row = record(&c, &id).await;
     assert_eq!((row.status.as_str(), row.error_code.as_deref()), ("client_error", Some("unknown_node")));
     assert!(!c.sims[0].models().contains(&"qwen3:4b".to_string()), "refused before anything started");
+    // A long name is told back cut short, not echoed whole.
+    let long = "x".repeat(5000);
+    let r = c
+        .client
+        .post(c.url("/api/pull"))
+        .header("x-corral-node", &long)
+        .json(&json!({"model": "qwen3:4b"}))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    let said = v["error"].as_str().unwrap_or_default();
+    assert!(said.contains(&"x".repeat(64)) && !said.contains(&"x".repeat(65)), "{said:.200}");
 
     let r = c
         .admin(reqwest::Method::POST, "/admin/models/pull")

@@ -96,7 +96,12 @@ async fn paging_walks_every_row_once_newest_first_and_says_how_many() {
     assert_eq!(now["total"], 255, "the count follows what is there now");
 
     let (status, bad) = get(&c, "/admin/requests?before=nonsense").await;
-    assert_eq!((status, bad["code"].as_str()), (400, Some("malformed_json")), "{bad}");
+    assert_eq!((status, bad["code"].as_str()), (400, Some("bad_query")), "{bad}");
+    assert!(bad["error"].as_str().is_some_and(|e| e.contains("before=\"nonsense\"")), "{bad}");
+    for limit in ["0", "-1"] {
+        let (status, bad) = get(&c, &format!("/admin/requests?limit={limit}")).await;
+        assert_eq!((status, bad["code"].as_str()), (400, Some("bad_query")), "limit={limit}: {bad}");
+    }
 }
 
 #[tokio::test]

@@ -68,18 +68,22 @@ impl RequestsQuery {
         let since_ms = match given(self.since) {
             Some(v) => Some(
                 parse_since(&v)
-                    .ok_or_else(|| AdminError::BadBody(format!("since=\"{v}\" is not like 15m, 2h, 7d or unix ms")))?,
+                    .ok_or_else(|| AdminError::BadQuery(format!("since=\"{v}\" is not like 15m, 2h, 7d or unix ms")))?,
             ),
             None => None,
         };
         let before = match given(self.before) {
             Some(v) => Some(Cursor::parse(&v).ok_or_else(|| {
-                AdminError::BadBody(format!(
+                AdminError::BadQuery(format!(
                     "before=\"{v}\" is not a page cursor (take next_before from the last page)"
                 ))
             })?),
             None => None,
         };
+        if let Some(n) = self.limit.filter(|n| *n < 1) {
+            // Not quietly read as 1: a page size the caller did not ask for is a silent cap.
+            return Err(AdminError::BadQuery(format!("limit={n}: a page holds at least 1 request")));
+        }
         Ok(crate::store::Query {
             since_ms,
             node: given(self.node),
@@ -191,11 +195,11 @@ pub(super) async fn summary(
     let store = store_of(&s)?;
     let range = given(q.range).unwrap_or_else(|| "1h".into());
     let since = parse_since(&range)
-        .ok_or_else(|| AdminError::BadBody(format!("range=\"{range}\" is not like 5m, 15m, 1h or 24h")))?;
+        .ok_or_else(|| AdminError::BadQuery(format!("range=\"{range}\" is not like 5m, 15m, 1h or 24h")))?;
     let by = match given(q.by).as_deref() {
         None | Some("model") => GroupBy::Model,
         Some("node") => GroupBy::Node,
-        Some(other) => return Err(AdminError::BadBody(format!("by=\"{other}\" is not model or node"))),
+        Some(other) => return Err(AdminError::BadQuery(format!("by=\"{other}\" is not model or node"))),
     };
     let broker = given(q.broker);
     let samples = crate::store::samples(store.pool(), since, by, broker.as_deref()).await?;

@@ -35,6 +35,7 @@ pub(super) async fn status(State(s): State<AdminState>) -> Json<Value> {
         "categories": config.categories,
         "reload": *s.shared.reload.lock().unwrap_or_else(|p| p.into_inner()),
         "accepting": s.shared.accepting(),
+        "capacity": capacity(&s),
         "connect": connect(&s),
         // Engine, where, what waits to be written, drops, and the last write error while writes fail.
         "store": s.shared.telemetry.store().map(crate::store::Store::status),
@@ -118,6 +119,20 @@ pub(super) async fn put_accepting(
     let a: Accepting = parse(&body)?;
     s.shared.set_accepting(a.accepting);
     Ok(Json(json!({ "accepting": s.shared.accepting() })))
+}
+
+/// What can take requests now: the nodes that serve (up, recovering or not probed yet: not
+/// disabled, draining or down) and their slots. `none`: every request waits, then gets 503;
+/// the UI's banner and `corral status` say so.
+fn capacity(s: &AdminState) -> Value {
+    use crate::node::NodeState::{Healthy, Recovering, Unknown};
+    let nodes = s.shared.registry.all();
+    let serving: Vec<_> = nodes.iter().filter(|n| matches!(n.state(), Healthy | Recovering | Unknown)).collect();
+    json!({
+        "serving_nodes": serving.len(),
+        "slots": serving.iter().map(|n| n.slots()).sum::<usize>(),
+        "none": serving.is_empty(),
+    })
 }
 
 /// A self-description for clients (and agents) that have no docs at hand.

@@ -232,7 +232,8 @@ fn targets(
         let mut chosen = Vec::new();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             let node = all.iter().find(|n| n.name() == name).ok_or_else(|| BrokerError::UnknownNode {
-                name: name.to_string(),
+                // A client's header, told back: the first 64 characters are enough to recognise it.
+                name: name.chars().take(64).collect(),
                 known: all.iter().map(|n| n.name()).collect::<Vec<_>>().join(", "),
             })?;
             chosen.push(Arc::clone(node));
