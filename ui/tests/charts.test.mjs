@@ -116,11 +116,15 @@ test("chart text is at least 12 px at a 1400 px window", async () => {
 
 test("hovering a line shows the time and each series' value", async () => {
   const svg = await page.$("[data-chart=latency] svg");
+  // In the viewport first: a pointer moved to coordinates below the fold hovers nothing.
+  await svg.scrollIntoViewIfNeeded();
   const box = await svg.boundingBox();
   // The last point of the cluster line: a bucket that has data.
   const d = await page.$$eval("[data-chart=latency] path.line[data-series=cluster]", (ps) => ps.map((p) => p.getAttribute("d")).pop());
   const [x, y] = d.trim().split(/[ML ]+/).filter(Boolean).pop().split(",").map(Number);
-  await page.mouse.move(box.x + x, box.y + y);
+  // From outside the chart, in steps, so the chart sees the pointer enter and move.
+  await page.mouse.move(box.x - 5, box.y + y);
+  await page.mouse.move(box.x + x, box.y + y, { steps: 5 });
   const tip = await page.waitForSelector("[data-chart=latency] [data-testid=chart-tooltip]", { timeout: 3000 });
   const text = await tip.textContent();
   assert.match(text, /\d\d:\d\d:\d\d–\d\d:\d\d:\d\d/, `the bucket's time: ${text}`);
