@@ -62,6 +62,20 @@ impl Timing {
     }
 }
 
+impl Timing {
+    /// The record's token counts, `(prompt, completion)`.
+    pub fn tokens(&self) -> (Option<i64>, Option<i64>) {
+        let count = |n: Option<u64>| n.and_then(|n| i64::try_from(n).ok());
+        (count(self.prompt_tokens), count(self.eval_tokens))
+    }
+
+    /// Generation time (`eval_duration`, not prompt evaluation) in µs; `None` for an answer
+    /// that does not report it (OpenAI's usage has no duration).
+    pub fn generation_us(&self) -> Option<i64> {
+        self.eval.and_then(|d| i64::try_from(d.as_micros()).ok())
+    }
+}
+
 /// The unsigned integer after the last `key` in `hay`, without copying `hay`.
 pub fn last_number(hay: &[u8], key: &[u8]) -> Option<u64> {
     let at = hay.windows(key.len()).rposition(|w| w == key)? + key.len();
@@ -199,6 +213,25 @@ impl Book {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_found_in_ollama_and_openai_tails() {
+        let ollama = br#"{"done":true,"eval_count":12,"prompt_eval_count":7,"total_duration":5}"#;
+        assert_eq!(Timing::from_tail(ollama).tokens(), (Some(7), Some(12)));
+        let openai = br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}"#;
+        assert_eq!(Timing::from_tail(openai).tokens(), (Some(3), Some(9)));
+        assert_eq!(Timing::from_tail(b"nothing here").tokens(), (None, None));
+    }
+
+    #[test]
+    fn generation_time_is_eval_duration_not_prompt_eval_duration() {
+        let ollama = br#"{"done":true,"prompt_eval_duration":9000000,"eval_count":12,"eval_duration":250000000}"#;
+        assert_eq!(Timing::from_tail(ollama).generation_us(), Some(250_000), "250 ms of generation");
+        let only_prompt = br#"{"done":true,"prompt_eval_duration":9000000}"#;
+        assert_eq!(Timing::from_tail(only_prompt).generation_us(), None, "prompt evaluation is not generation");
+        let openai = br#"data: {"usage":{"completion_tokens":9}}"#;
+        assert_eq!(Timing::from_tail(openai).generation_us(), None);
+    }
 
     fn decode(tokens: u64, ms: u64) -> Timing {
         Timing { eval_tokens: Some(tokens), eval: Some(Duration::from_millis(ms)), ..Timing::default() }

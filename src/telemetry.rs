@@ -656,50 +656,9 @@ pub fn status_for(http: u16) -> &'static str {
     }
 }
 
-/// Token counts from the end of an answer (Ollama's final chunk or OpenAI's usage), found by
-/// scanning the last bytes: `(prompt, completion)`.
-pub fn tokens_in_tail(tail: &[u8]) -> (Option<i64>, Option<i64>) {
-    let text = String::from_utf8_lossy(tail);
-    let find = |key: &str| -> Option<i64> {
-        let at = text.rfind(&format!("\"{key}\":"))? + key.len() + 3;
-        let digits: String = text[at..].trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
-        digits.parse().ok()
-    };
-    let prompt = find("prompt_eval_count").or_else(|| find("prompt_tokens"));
-    let completion = find("eval_count").or_else(|| find("completion_tokens"));
-    (prompt, completion)
-}
-
-/// Generation time from the end of an Ollama answer, `eval_duration` (ns), in µs; `None` for
-/// an answer that does not report it (OpenAI's usage has no duration).
-pub fn generation_us_in_tail(tail: &[u8]) -> Option<i64> {
-    let text = String::from_utf8_lossy(tail);
-    let at = text.rfind("\"eval_duration\":")? + "\"eval_duration\":".len();
-    let digits: String = text[at..].trim_start().chars().take_while(|c| c.is_ascii_digit()).collect();
-    digits.parse::<i64>().ok().map(|ns| ns / 1_000)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_found_in_ollama_and_openai_tails() {
-        let ollama = br#"{"done":true,"eval_count":12,"prompt_eval_count":7,"total_duration":5}"#;
-        assert_eq!(tokens_in_tail(ollama), (Some(7), Some(12)));
-        let openai = br#"data: {"usage":{"prompt_tokens":3,"completion_tokens":9,"total_tokens":12}}"#;
-        assert_eq!(tokens_in_tail(openai), (Some(3), Some(9)));
-        assert_eq!(tokens_in_tail(b"nothing here"), (None, None));
-    }
-
-    #[test]
-    fn generation_time_is_eval_duration_not_prompt_eval_duration() {
-        let ollama = br#"{"done":true,"prompt_eval_duration":9000000,"eval_count":12,"eval_duration":250000000}"#;
-        assert_eq!(generation_us_in_tail(ollama), Some(250_000), "250 ms of generation");
-        let only_prompt = br#"{"done":true,"prompt_eval_duration":9000000}"#;
-        assert_eq!(generation_us_in_tail(only_prompt), None, "prompt evaluation is not generation");
-        assert_eq!(generation_us_in_tail(br#"data: {"usage":{"completion_tokens":9}}"#), None);
-    }
 
     #[test]
     fn record_text_is_escaped_and_bounded() {

@@ -297,3 +297,83 @@ async fn history_says_on_stderr_when_limit_stopped_it_whatever_the_format() {
     assert_eq!(serde_json::from_str::<Vec<Value>>(&out).expect("json").len(), 12);
     assert!(!err.contains("showing"), "nothing was left out, so nothing is said: {err}");
 }
+
+/// The request path made cheap stays complete (issue 16): 600 requests from 24 clients at once
+/// through a real `corral serve` with its shipped defaults (store on, summary line at info), a
+/// mix of non-streamed and streamed native chat, a generate stream and `/v1`, each get exactly
+/// one row in the store and exactly one `request finished` line, under the id Corral gave it.
+#[tokio::test(flavor = "multi_thread")]
+async fn under_load_every_request_gets_one_row_and_one_log_line() {
+    use common::process::Proc;
+    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "64"]);
+    let node = sim.url("simulated Ollama node on");
+    let db = temp_db();
+    let dir = db.with_extension("d");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("corral.toml");
+    let text = format!(
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{}\"\n\n\
+         [[nodes]]\nname = \"n0\"\nurl = \"{node}\"\nmax_concurrency = 64\n",
+        db.display()
+    );
+    std::fs::write(&cfg, text).expect("config");
+    let mut serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
+    let base = serve.url("serving the Ollama API on");
+    let client = reqwest::Client::new();
+    let asks = [
+        (
+            "/api/chat",
+            serde_json::json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 4}}),
+        ),
+        (
+            "/api/chat",
+            serde_json::json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "options": {"num_predict": 4}}),
+        ),
+        ("/api/generate", serde_json::json!({"model": "llama3.2", "prompt": "hi", "options": {"num_predict": 4}})),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": "llama3.2", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ];
+    let clients = (0..24).map(|c| {
+        let (client, base, asks) = (client.clone(), base.clone(), asks.clone());
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..25 {
+                let (path, body) = &asks[(c + i) % asks.len()];
+                let r = client.post(format!("{base}{path}")).json(body).send().await.expect("answer");
+                assert_eq!(r.status(), 200, "{path}");
+                let id = r.headers()["x-corral-request-id"].to_str().expect("id").to_string();
+                r.bytes().await.expect("whole body");
+                ids.push(id);
+            }
+            ids
+        })
+    });
+    let mut sent = Vec::new();
+    for c in clients {
+        sent.extend(c.await.expect("client"));
+    }
+    let sent_set: HashSet<&String> = sent.iter().collect();
+    assert_eq!(sent_set.len(), 600, "600 answers, each with its own id");
+    // A clean stop writes what the store and the log writer still hold.
+    serve.signal("-TERM");
+    assert_eq!(serve.wait_exit(Duration::from_secs(30)), Some(0), "the broker stops cleanly");
+    let logged: Vec<String> = serve
+        .rest_of_output()
+        .into_iter()
+        .filter(|l| l.contains("request finished"))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")).map(str::to_string))
+        .collect();
+    let pool = corral::store::open_pool(&db, true).await.expect("open read-only");
+    let rows = corral::store::query_requests(&pool, &Query { limit: Some(10_000), ..Default::default() })
+        .await
+        .expect("query");
+    let row_ids: Vec<&String> = rows.iter().map(|r| &r.id).collect();
+    assert_eq!(rows.len(), 600, "one row per request");
+    assert_eq!(row_ids.iter().copied().collect::<HashSet<_>>(), sent_set, "the rows are the requests answered");
+    assert!(rows.iter().all(|r| r.status == "ok" && r.node.as_deref() == Some("n0")), "each row complete");
+    assert!(rows.iter().all(|r| r.completion_tokens == Some(4)), "each row has its token count");
+    assert_eq!(logged.len(), 600, "one log line per request");
+    assert_eq!(logged.iter().collect::<HashSet<_>>(), sent_set, "the lines are the requests answered");
+}

@@ -170,8 +170,9 @@ fn client_request_id(headers: &HeaderMap) -> Option<String> {
 }
 
 async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
-    // Corral's own id keys the record; the client's is echoed beside it.
-    let id = uuid::Uuid::new_v4().to_string();
+    // Corral's own id keys the record; the client's is echoed beside it. Version 7 (time
+    // first) so the store's primary key grows at its end instead of at a random page per row.
+    let id = uuid::Uuid::now_v7().to_string();
     let client_id = client_request_id(req.headers());
     // Discovery (`/.well-known/corral`, `/status`) answers before the client key: see `discover`.
     let (mut response, attempts) = match discover::answer(&state, &req) {

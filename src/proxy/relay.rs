@@ -277,14 +277,20 @@ impl Relay {
 
     /// The last few KiB relayed, for the token counts in the final chunk or usage event.
     fn tail_bytes(&self) -> Vec<u8> {
-        let joined: Vec<u8> = self.tail.iter().flat_map(|b| b.iter().copied()).collect();
-        joined[joined.len().saturating_sub(16 * 1024)..].to_vec()
+        const KEPT: usize = 16 * 1024;
+        let mut skip = self.tail.iter().map(Bytes::len).sum::<usize>().saturating_sub(KEPT);
+        let mut joined = Vec::with_capacity(KEPT.min(self.bytes));
+        for chunk in &self.tail {
+            let from = skip.min(chunk.len());
+            skip -= from;
+            joined.extend_from_slice(&chunk[from..]);
+        }
+        joined
     }
 
     /// Feed the node's speed model from the final chunk's timing fields (Ollama's), or from
     /// the usage counts and the wall time since the first byte (an OpenAI-kind node).
-    fn teach_speed(&self, guard: &InFlight, tail: &[u8]) {
-        let mut timing = crate::speed::Timing::from_tail(tail);
+    fn teach_speed(&self, guard: &InFlight, mut timing: crate::speed::Timing) {
         // An answer assembled whole arrives at once: its wall time says nothing.
         let wall = self.began.elapsed();
         if timing.eval.is_none() && timing.eval_tokens.is_some() && wall >= Duration::from_millis(20) {
@@ -320,11 +326,11 @@ impl Relay {
         // Held to the end of this function: the node's slot frees after the record is made.
         let mut guard = None;
         // Read once: the token counts for the record and the timing for the speed model.
-        let tail = self.tail_bytes();
+        let timing = crate::speed::Timing::from_tail(&self.tail_bytes());
         let name = match source {
             Source::Node(mut g) => {
                 if outcome == Outcome::Success && self.status.is_success() {
-                    self.teach_speed(&g, &tail);
+                    self.teach_speed(&g, timing);
                 }
                 g.judge(outcome);
                 let name = format!("node {}", g.node().name());
@@ -334,10 +340,8 @@ impl Relay {
             Source::Provider(p) => format!("provider {p}"),
         };
         if let Some(mut t) = self.trace.take() {
-            let (prompt, completion) = crate::telemetry::tokens_in_tail(&tail);
-            t.row.prompt_tokens = prompt;
-            t.row.completion_tokens = completion;
-            t.row.generation_us = crate::telemetry::generation_us_in_tail(&tail);
+            (t.row.prompt_tokens, t.row.completion_tokens) = timing.tokens();
+            t.row.generation_us = timing.generation_us();
             let (status, code) = match outcome {
                 Outcome::Success => (status_for(self.status.as_u16()), None),
                 Outcome::ClientGone => ("cancelled", Some("client_gone")),

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::{now_ms, NodeEventRow, Pool, Record, RequestRow, Started};
 
 /// How long the writer waits for more records before writing a batch.
-const BATCH_LINGER: Duration = Duration::from_millis(5);
+const BATCH_LINGER: Duration = Duration::from_millis(20);
 /// The most records in one batch (one transaction).
 pub(super) const BATCH_MAX: usize = 2048;
 /// The first wait before a failed batch is tried again; each failure doubles it, up to

@@ -429,25 +429,26 @@ impl Assembler {
         }
         let mut rest = chunk;
         while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
-            let line = if self.partial.is_empty() {
-                rest[..nl].to_vec()
+            if self.partial.is_empty() {
+                self.line(&rest[..nl])?;
             } else {
                 let mut l = std::mem::take(&mut self.partial);
                 l.extend_from_slice(&rest[..nl]);
-                l
-            };
-            self.line(line)?;
+                self.line(&l)?;
+                l.clear();
+                self.partial = l;
+            }
             rest = &rest[nl + 1..];
         }
         self.partial.extend_from_slice(rest);
         Ok(())
     }
 
-    fn line(&mut self, line: Vec<u8>) -> Result<(), AssembleError> {
+    fn line(&mut self, line: &[u8]) -> Result<(), AssembleError> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
         }
-        let parsed: Line<'_> = serde_json::from_slice(&line).map_err(|e| AssembleError::Malformed(e.to_string()))?;
+        let parsed: Line<'_> = serde_json::from_slice(line).map_err(|e| AssembleError::Malformed(e.to_string()))?;
         if let Some(e) = parsed.error {
             return Err(AssembleError::Node(e.into_owned()));
         }
@@ -464,7 +465,10 @@ impl Assembler {
         }
         self.logprobs.extend(parsed.logprobs.iter().flatten().map(|r| r.get().to_string()));
         drop(parsed);
-        self.last = Some(line);
+        // One buffer for the last line, reused: no allocation per line.
+        let last = self.last.get_or_insert_with(Vec::new);
+        last.clear();
+        last.extend_from_slice(line);
         Ok(())
     }
 
@@ -472,7 +476,7 @@ impl Assembler {
     pub fn finish(mut self) -> Result<Vec<u8>, AssembleError> {
         if !self.partial.is_empty() {
             let line = std::mem::take(&mut self.partial);
-            self.line(line)?;
+            self.line(&line)?;
         }
         let last = self.last.take().ok_or(AssembleError::NoEnd)?;
         let mut fields = Ordered::parse(&last)?;

@@ -82,6 +82,21 @@ impl Proc {
         self.lines.try_iter().collect()
     }
 
+    /// Every line not yet consumed, through the end of the output (the process has exited or
+    /// is exiting), within 30 s.
+    pub fn rest_of_output(&self) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => out.push(line),
+                Err(mpsc::RecvTimeoutError::Disconnected) => return out,
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!("the output did not end within 30 s"),
+            }
+        }
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill").args([sig, &self.child.id().to_string()]).status().expect("kill runs").success();
         assert!(ok, "signal {sig} delivered");
