@@ -60,9 +60,7 @@ impl Timing {
             load: ns(b"\"load_duration\":"),
         }
     }
-}
 
-impl Timing {
     /// The record's token counts, `(prompt, completion)`.
     pub fn tokens(&self) -> (Option<i64>, Option<i64>) {
         let count = |n: Option<u64>| n.and_then(|n| i64::try_from(n).ok());
