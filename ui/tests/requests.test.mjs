@@ -88,7 +88,10 @@ test("totals per model and per node agree with the summary the API computes", as
 
 test("a request found by its id opens with every attempt; Esc and Close shut it", async () => {
   const page = await open(b, c, "requests");
-  await page.fill("[data-testid=request-search]", failedOver.slice(0, 8));
+  // Ids are UUIDv7: they begin with their millisecond, then a counter, so a short start names
+  // every request of that minute. The start a person copies is the id less its random tail.
+  const start = failedOver.slice(0, 30);
+  await page.fill("[data-testid=request-search]", start);
   const rows = page.locator("[data-testid=requests] tbody tr[data-request]");
   await page.locator(`tr[data-request='${failedOver}']`).waitFor({ timeout: 10000 });
   await page.waitForFunction(() => document.querySelectorAll("[data-testid=requests] tbody tr[data-request]").length === 1, null, { timeout: 10000 });
