@@ -17,8 +17,9 @@ use corral::sim::SimSpec;
 /// mimalloc rather than glibc's malloc: a request makes many small short-lived allocations
 /// (headers, body chunks, the record), and glibc's malloc/free/consolidate were about a sixth
 /// of the request path's CPU in `perf` (issue 16); mimalloc's thread-local free lists make them
-/// cheap. It keeps more memory resident under load (44-52 MiB against glibc's 29-31 at 16
-/// clients), which issue 16's memory targets still have to answer for.
+/// cheap. Built without transparent huge pages (`no_thp`): with them its arenas were backed by
+/// 2 MiB pages, and RSS rose by a third (tests/flood.rs: 5,000 idle connections 61 -> 137 MiB
+/// and a 303 MiB peak with four 30 MiB bodies; without them 44 -> 90 and 214, as glibc's).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
