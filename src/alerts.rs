@@ -297,7 +297,7 @@ mod tests {
     }
 
     fn request(attempts: i64, node: Option<&str>, fallback: Option<&str>) -> Event {
-        Event::Request(Box::new(RequestRow {
+        Event::Request(std::sync::Arc::new(RequestRow {
             endpoint: "/api/chat".into(),
             category: "default".into(),
             attempts,

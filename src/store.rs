@@ -153,7 +153,7 @@ pub struct NodeEventRow {
 #[derive(Debug)]
 enum Record {
     Started(Started),
-    Finished(Box<RequestRow>),
+    Finished(Arc<RequestRow>),
     NodeEvent(NodeEventRow),
 }
 
@@ -423,7 +423,7 @@ impl Store {
     }
 
     fn send(&self, r: Record) {
-        if self.tx.try_send(r).is_err() {
+        if !writer::offer(&self.tx, &self.health, r) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -432,8 +432,8 @@ impl Store {
         self.send(Record::Started(s));
     }
 
-    pub fn finished(&self, row: RequestRow) {
-        self.send(Record::Finished(Box::new(row)));
+    pub fn finished(&self, row: impl Into<Arc<RequestRow>>) {
+        self.send(Record::Finished(row.into()));
     }
 
     pub fn node_event(&self, e: NodeEventRow) {

@@ -39,7 +39,8 @@ pub enum Event {
         reason: String,
         at: i64,
     },
-    Request(Box<RequestRow>),
+    /// Shared: the store's record and every listener's copy are one allocation.
+    Request(Arc<RequestRow>),
     ConfigReload {
         ok: bool,
         error: Option<String>,
@@ -516,10 +517,11 @@ impl Telemetry {
             streamed = row.streamed, interrupted = row.interrupted,
             "request finished"
         );
+        let row = Arc::new(row);
         if let Some(s) = &self.store {
-            s.finished(row.clone());
+            s.finished(Arc::clone(&row));
         }
-        self.publish(Event::Request(Box::new(row)));
+        self.publish(Event::Request(row));
     }
 }
 
