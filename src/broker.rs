@@ -165,6 +165,34 @@ fn telemetry_for(
     Arc::new(telemetry)
 }
 
+/// Every problem of an invalid config, as one error.
+fn refuse_invalid(config: &Config) -> Result<(), StartError> {
+    let problems = config.validate();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(StartError::Config(crate::config::ConfigError {
+        problems: problems
+            .into_iter()
+            .map(|(path, message)| crate::config::Problem { path, line: None, message })
+            .collect(),
+    }))
+}
+
+/// The HTTP clients: reqwest for probes, model operations and metadata, and the request
+/// path's own client to nodes (`upstream::client`).
+fn clients(config: &Config) -> Result<(reqwest::Client, crate::upstream::client::NodeClient), StartError> {
+    let client = reqwest::Client::builder()
+        .connect_timeout(config.proxy.connect_timeout())
+        .tcp_nodelay(true)
+        .pool_idle_timeout(std::time::Duration::from_secs(60))
+        .build()
+        .map_err(|e| StartError::Client(e.to_string()))?;
+    let node_client = crate::upstream::client::NodeClient::new(config.proxy.connect_timeout())
+        .map_err(|e| StartError::Client(e.to_string()))?;
+    Ok((client, node_client))
+}
+
 impl Broker {
     pub async fn start(config: Config, options: StartOptions) -> Result<Self, StartError> {
         if let Some(t) = &options.admin_token {
@@ -173,26 +201,13 @@ impl Broker {
         for (path, message) in config.warnings() {
             tracing::warn!(%path, "{message}");
         }
-        let problems = config.validate();
-        if !problems.is_empty() {
-            return Err(StartError::Config(crate::config::ConfigError {
-                problems: problems
-                    .into_iter()
-                    .map(|(path, message)| crate::config::Problem { path, line: None, message })
-                    .collect(),
-            }));
-        }
+        refuse_invalid(&config)?;
         // Entries from before keyring namespaces belong to the file a person started us with.
         crate::cloud::claim_legacy_keys(&config).await;
         let registry = Arc::new(
             Registry::new(&config.nodes, NodeTuning::of(&config)).map_err(|e| StartError::Client(e.to_string()))?,
         );
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.proxy.connect_timeout())
-            .tcp_nodelay(true)
-            .pool_idle_timeout(std::time::Duration::from_secs(60))
-            .build()
-            .map_err(|e| StartError::Client(e.to_string()))?;
+        let (client, node_client) = clients(&config)?;
         let sockets = Sockets::bind(&config).await?;
         let cancel = CancellationToken::new();
         let tracker = TaskTracker::new();
@@ -206,8 +221,15 @@ impl Broker {
         if let Some(store) = store {
             tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
         }
-        let shared =
-            Arc::new(Shared::new(config, Arc::clone(&registry), client, cancel.clone(), telemetry, options.seed));
+        let shared = Arc::new(Shared::new(
+            config,
+            Arc::clone(&registry),
+            client,
+            node_client,
+            cancel.clone(),
+            telemetry,
+            options.seed,
+        ));
         let admin_token = Arc::new(options.admin_token.unwrap_or_else(generate_token));
         follow_client_keys(&shared, &tracker, &cancel).await;
         let fleet = shared.telemetry.store().and_then(crate::fleet::Fleet::of);

@@ -37,27 +37,29 @@ fn main() -> ExitCode {
     runtime.block_on(run(cli.command))
 }
 
-/// Log lines go to stderr through a writer thread, so a request never waits on a slow
-/// terminal or pipe (issue 16: the summary line per request). Not lossy: if 128k lines are
-/// ever queued the writer pushes back rather than drop one.
-fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+/// Log lines go to stderr through a writer thread (`corral::log_writer`), so a request never
+/// waits on a slow terminal or pipe (issue 16: the summary line per request). `None` when the
+/// thread cannot start: lines then go straight to stderr.
+fn init_tracing(format: LogFormat) -> Option<corral::log_writer::Flush> {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("CORRAL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a person at a terminal: a log file or a pipe gets plain text (and
     // NO_COLOR, https://no-color.org, turns it off anywhere).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .thread_name("corral-log")
-        // Buffered: the writer thread flushes whenever it has drained what is queued, so a
-        // burst of lines leaves in one write, not one system call per request.
-        .finish(std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr()));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_ansi(colour);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour);
+    let (writer, flush) = match corral::log_writer::LogWriter::spawn(std::io::stderr()) {
+        Ok((w, f)) => (tracing_subscriber::fmt::writer::BoxMakeWriter::new(w), Some(f)),
+        Err(e) => {
+            eprintln!("warning: cannot start the log thread ({e}); logging to stderr directly");
+            (tracing_subscriber::fmt::writer::BoxMakeWriter::new(std::io::stderr), None)
+        }
+    };
+    let builder = builder.with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
-    guard
+    flush
 }
 
 async fn run(command: Command) -> ExitCode {

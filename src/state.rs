@@ -72,7 +72,10 @@ pub struct Shared {
     pub registry: Arc<Registry>,
     pub admission: Arc<Admission>,
     pub retry_budget: RetryBudget,
+    /// For probes, model operations and metadata: reqwest.
     pub client: reqwest::Client,
+    /// For forwarded requests: hyper's pooled client (`upstream::client`).
+    pub node_client: crate::upstream::client::NodeClient,
     pub shutdown: CancellationToken,
     /// Background work started by requests (model operations fanned out to nodes): shutdown
     /// waits for it within the drain bound.
@@ -134,6 +137,7 @@ impl Shared {
         config: Config,
         registry: Arc<Registry>,
         client: reqwest::Client,
+        node_client: crate::upstream::client::NodeClient,
         shutdown: CancellationToken,
         telemetry: Arc<Telemetry>,
         seed: Option<u64>,
@@ -156,6 +160,7 @@ impl Shared {
             config: ArcSwap::from_pointee(config),
             registry,
             client,
+            node_client,
             shutdown,
             tasks: TaskTracker::new(),
             telemetry,

@@ -37,8 +37,7 @@ fn config_in(dir: &Path) -> PathBuf {
 /// where the token is kept.
 fn token_of_one_start(args: &[&str], env: &[(&str, &str)]) -> (String, String) {
     let serve = Proc::spawn_env(args, env);
-    let kept = serve.wait_for("admin token kept in");
-    let line = serve.wait_for("Admin API on");
+    let [kept, line] = serve.wait_for_each(["admin token kept in", "Admin API on"]);
     let token = line.rsplit("token: ").next().unwrap_or_default().trim_end_matches(')').to_string();
     drop(serve);
     (token, kept)

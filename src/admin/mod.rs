@@ -412,6 +412,10 @@ mod tests {
 
     const TOKEN: &str = "router-test-token";
 
+    fn node_client() -> crate::upstream::client::NodeClient {
+        crate::upstream::client::NodeClient::new(std::time::Duration::from_secs(1)).expect("client")
+    }
+
     /// A state over an empty cluster with no store: enough for every route to be reached.
     fn state() -> AdminState {
         let config = crate::Config::default();
@@ -427,7 +431,7 @@ mod tests {
         let registry = Arc::new(crate::node::Registry::new(&config.nodes, tuning).expect("no nodes to parse"));
         let telemetry = Arc::new(crate::telemetry::Telemetry::new(None, crate::telemetry::Telemetry::bus()));
         let cancel = tokio_util::sync::CancellationToken::new();
-        let shared = Shared::new(config, registry, reqwest::Client::new(), cancel, telemetry, Some(1));
+        let shared = Shared::new(config, registry, reqwest::Client::new(), node_client(), cancel, telemetry, Some(1));
         AdminState {
             shared: Arc::new(shared),
             token: Arc::new(TOKEN.into()),

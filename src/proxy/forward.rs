@@ -19,6 +19,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::relay::{self, Source};
@@ -31,6 +32,7 @@ use crate::outcome::Outcome;
 use crate::state::Shared;
 use crate::telemetry::Trace;
 use crate::upstream::assemble::{self, AssembleError};
+use crate::upstream::client::NodeRequest;
 use crate::upstream::openai::{self, Plan};
 use crate::upstream::translate::{native_error, Reply};
 use crate::upstream::{self, Answer, SendError, Upstream};
@@ -331,7 +333,10 @@ async fn attempt_once(
     } else {
         None
     };
-    let (request, assembled) = prepare(shared, out, &up, plan.as_ref());
+    let (request, assembled) = match prepare(out, &up, plan.as_ref()) {
+        Ok(prepared) => prepared,
+        Err(e) => return Err(judged(&mut guard, Outcome::Failed, e.to_string())),
+    };
     let category = config.category(&out.category);
     let whole = generates(&out.path_and_query) && assembled.is_none() && !streams(&out.path_and_query, out.stream);
     let (first_byte, late) = first_token_deadline(config, category, whole);
@@ -339,7 +344,7 @@ async fn attempt_once(
         let outcome = if e.outcome() == Outcome::Silent { late } else { e.outcome() };
         (outcome, e.to_string())
     };
-    let sent = match upstream::send(request, first_byte).await {
+    let sent = match upstream::send_to_node(&shared.node_client, request, first_byte).await {
         Ok(s) => s,
         Err(e) => {
             let (outcome, detail) = timed(e);
@@ -372,28 +377,28 @@ async fn attempt_once(
 /// stream: asked of an Ollama node, one JSON is asked as a stream, so the first token is seen
 /// (and bounded) whatever the answer's length.
 fn prepare(
-    shared: &Shared,
     out: &Outbound,
     up: &Upstream,
     plan: Option<&Plan>,
-) -> (reqwest::RequestBuilder, Option<assemble::Api>) {
+) -> Result<(NodeRequest, Option<assemble::Api>), http::Error> {
     let assembled = assemble::Api::of(&out.path_and_query)
         .filter(|api| plan.is_none() && one_json(*api, out.stream))
         .and_then(|api| api.streamed_body(&out.body).map(|b| (api, b)));
-    let (url, body) = match (plan, &assembled) {
-        (Some(p), _) => (p.url.clone(), p.body.clone()),
-        (None, Some((_, streamed))) => (up.url(&out.path_and_query), streamed.clone()),
-        (None, None) => (up.url(&out.path_and_query), out.body.clone()),
+    let (uri, body) = match (plan, &assembled) {
+        (Some(p), _) => (http::Uri::try_from(p.url.as_str())?, p.body.clone()),
+        (None, Some((_, streamed))) => (up.uri(&out.path_and_query)?, streamed.clone()),
+        (None, None) => (up.uri(&out.path_and_query)?, out.body.clone()),
     };
-    let mut headers = copy_headers(&out.headers);
+    let mut request = http::Request::builder().method(out.method.clone()).uri(uri).body(Full::new(body))?;
+    let headers = request.headers_mut();
+    *headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
         headers.insert("x-request-id", v);
     }
     if plan.is_some_and(|p| p.native.is_some()) {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
-    let request = shared.client.request(out.method.clone(), url).headers(headers).body(body);
-    (request, assembled.map(|(api, _)| api))
+    Ok((request, assembled.map(|(api, _)| api)))
 }
 
 /// Whether `path` generates text (its first byte can be long in coming).

@@ -13,6 +13,7 @@
 //! records it.
 
 pub mod assemble;
+pub mod client;
 pub mod lifecycle;
 pub mod ollama;
 pub mod openai;
@@ -96,6 +97,11 @@ impl<'a> Upstream<'a> {
         url.set_query(query);
         url
     }
+
+    /// [`Upstream::url`] as the `http::Uri` a request is sent to.
+    pub fn uri(&self, path_and_query: &str) -> Result<http::Uri, http::uri::InvalidUri> {
+        http::Uri::try_from(self.url(path_and_query).as_str())
+    }
 }
 
 /// Whether a path segment is `.` or `..`, also percent-encoded (`%2e`, `.%2E`): a URL parser
@@ -171,13 +177,29 @@ impl Sent {
     }
 }
 
-/// Send `request`; its head must arrive within `first_byte`.
+/// Send `request` (to a cloud provider); its head must arrive within `first_byte`.
 pub async fn send(request: reqwest::RequestBuilder, first_byte: Duration) -> Result<Sent, SendError> {
     let sent_at = Instant::now();
     match tokio::time::timeout(first_byte, request.send()).await {
         Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
         Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(root_cause(&e))),
         Ok(Err(e)) => Err(SendError::Failed(root_cause(&e))),
+        Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
+    }
+}
+
+/// Send `request` to a node through the request path's client; its head must arrive within
+/// `first_byte`.
+pub async fn send_to_node(
+    client: &client::NodeClient,
+    request: client::NodeRequest,
+    first_byte: Duration,
+) -> Result<Sent, SendError> {
+    let sent_at = Instant::now();
+    match tokio::time::timeout(first_byte, client.send(request)).await {
+        Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
+        Ok(Err(client::ExchangeError::Connect(why))) => Err(SendError::Connect(why)),
+        Ok(Err(client::ExchangeError::Failed(why))) => Err(SendError::Failed(why)),
         Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
     }
 }

@@ -70,6 +70,22 @@ impl Proc {
         }
     }
 
+    /// The first line containing each of `needles`, whichever comes first, within 30 s: stdout
+    /// and stderr are two pipes, so lines printed on one and logged on the other may arrive in
+    /// either order.
+    pub fn wait_for_each<const N: usize>(&self, needles: [&str; N]) -> [String; N] {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
+        while found.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = self.lines.recv_timeout(left).unwrap_or_else(|e| panic!("no line for each of {needles:?}: {e}"));
+            if let Some(i) = (0..N).find(|&i| found[i].is_none() && line.contains(needles[i])) {
+                found[i] = Some(line);
+            }
+        }
+        found.map(Option::unwrap_or_default)
+    }
+
     /// The `http://127.0.0.1:PORT` in the first line containing `needle`.
     pub fn url(&self, needle: &str) -> String {
         let line = self.wait_for(needle);
