@@ -96,12 +96,7 @@ fn spawn_probes(
         .thread_name("corral-probes")
         .build()
         .map_err(|e| StartError::Client(format!("cannot start the probe runtime: {e}")))?;
-    let client = reqwest::Client::builder()
-        .connect_timeout(config.proxy.connect_timeout())
-        .tcp_nodelay(true)
-        .pool_idle_timeout(std::time::Duration::from_secs(60))
-        .build()
-        .map_err(|e| StartError::Client(e.to_string()))?;
+    let client = node_reqwest(config)?;
     // A plain thread, not `spawn_blocking`: dropping the proxy's runtime must never wait for
     // it. `shutdown` still waits until the probes have stopped, through `stopped`.
     let (done, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -179,15 +174,20 @@ fn refuse_invalid(config: &Config) -> Result<(), StartError> {
     }))
 }
 
-/// The HTTP clients: reqwest for probes, model operations and metadata, and the request
-/// path's own client to nodes (`upstream::client`).
-fn clients(config: &Config) -> Result<(reqwest::Client, crate::upstream::client::NodeClient), StartError> {
-    let client = reqwest::Client::builder()
+/// A reqwest client for nodes (probes, model operations, metadata).
+fn node_reqwest(config: &Config) -> Result<reqwest::Client, StartError> {
+    reqwest::Client::builder()
         .connect_timeout(config.proxy.connect_timeout())
         .tcp_nodelay(true)
         .pool_idle_timeout(std::time::Duration::from_secs(60))
         .build()
-        .map_err(|e| StartError::Client(e.to_string()))?;
+        .map_err(|e| StartError::Client(e.to_string()))
+}
+
+/// The HTTP clients: reqwest for probes, model operations and metadata, and the request
+/// path's own client to nodes (`upstream::client`).
+fn clients(config: &Config) -> Result<(reqwest::Client, crate::upstream::client::NodeClient), StartError> {
+    let client = node_reqwest(config)?;
     let node_client = crate::upstream::client::NodeClient::new(config.proxy.connect_timeout())
         .map_err(|e| StartError::Client(e.to_string()))?;
     Ok((client, node_client))

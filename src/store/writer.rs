@@ -441,9 +441,11 @@ mod tests {
         })
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_batch_is_what_arrived_within_the_linger_taken_in_one_go() {
-        let (tx, mut rx) = mpsc::channel(100);
+    /// With a channel of `capacity`: one record, the writer waiting on it, then `more` records
+    /// offered at once. The batch's size, how long it took on the paused clock, and whether
+    /// anything was left in the channel.
+    async fn one_batch(capacity: usize, more: usize) -> (usize, Duration, bool) {
+        let (tx, mut rx) = mpsc::channel(capacity);
         let (health, cancel) = (Arc::new(Health::default()), CancellationToken::new());
         let start = tokio::time::Instant::now();
         assert!(offer(&tx, &health, event(0)));
@@ -452,32 +454,26 @@ mod tests {
             tokio::spawn(async move { (next_batch(&mut rx, &health, &cancel).await, rx) })
         };
         tokio::task::yield_now().await;
-        for i in 1..10 {
-            assert!(offer(&tx, &health, event(i)));
+        for i in 1..=more {
+            assert!(offer(&tx, &health, event(i)), "record {i} fits");
         }
         let (batch, mut rx) = writer.await.expect("writer");
-        assert_eq!(batch.map(|b| b.len()), Some(10), "the ten records of the linger in one batch");
-        assert!(start.elapsed() >= BATCH_LINGER, "it lingered: {:?}", start.elapsed());
-        assert!(rx.try_recv().is_err());
+        (batch.map_or(0, |b| b.len()), start.elapsed(), rx.try_recv().is_ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_is_what_arrived_within_the_linger_taken_in_one_go() {
+        let (n, took, left) = one_batch(100, 9).await;
+        assert_eq!(n, 10, "the ten records of the linger in one batch");
+        assert!(took >= BATCH_LINGER, "it lingered: {took:?}");
+        assert!(!left);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_channel_past_half_full_cuts_the_linger_short() {
-        let (tx, mut rx) = mpsc::channel(8);
-        let (health, cancel) = (Arc::new(Health::default()), CancellationToken::new());
-        let start = tokio::time::Instant::now();
-        assert!(offer(&tx, &health, event(0)));
-        let writer = {
-            let health = Arc::clone(&health);
-            tokio::spawn(async move { next_batch(&mut rx, &health, &cancel).await })
-        };
-        tokio::task::yield_now().await;
-        for i in 1..6 {
-            assert!(offer(&tx, &health, event(i)), "record {i} fits");
-        }
-        let batch = writer.await.expect("writer");
-        assert_eq!(batch.map(|b| b.len()), Some(6));
-        assert!(start.elapsed() < BATCH_LINGER, "woken before its linger ended: {:?}", start.elapsed());
+        let (n, took, _) = one_batch(8, 5).await;
+        assert_eq!(n, 6);
+        assert!(took < BATCH_LINGER, "woken before its linger ended: {took:?}");
     }
 
     #[test]
