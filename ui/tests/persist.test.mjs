@@ -41,10 +41,26 @@ after(async () => {
 test("a rule, a weight and a provider edited in the UI are in the file, survive a hand edit and a restart", async () => {
   const first = await serve();
   const page = await open(b, first, "rules");
-  await page.selectOption("tr[data-category=default] select[aria-label=policy]", "p2c");
+  const policy = "tr[data-category=default] select[aria-label=policy]";
+  await page.waitForSelector(policy);
+  // The rules read back after the apply come slowly: once "Applied" shows, no draft is left,
+  // so going to another screen asks nothing (a dialog here would be dismissed, and the
+  // screen would stay).
+  const dialogs = [];
+  page.on("dialog", (d) => {
+    dialogs.push(d.message());
+    d.dismiss();
+  });
+  await page.route("**/admin/categories", async (route) => {
+    if (route.request().method() === "GET") await new Promise((r) => setTimeout(r, 1500));
+    await route.continue();
+  });
+  await page.selectOption(policy, "p2c");
   await page.click("[data-testid=apply-rules]");
   await page.waitForSelector(".good");
   await page.click("[data-screen=nodes]");
+  assert.deepEqual(dialogs, [], "nothing asked on leaving a screen whose rules were applied");
+  await page.unroute("**/admin/categories");
   const weight = "tr[data-node=gpu0] input[aria-label*=weight]";
   await page.fill(weight, "5");
   await page.press(weight, "Tab");
