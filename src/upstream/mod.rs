@@ -179,13 +179,16 @@ impl Sent {
 
 /// Send `request` (to a cloud provider); its head must arrive within `first_byte`.
 pub async fn send(request: reqwest::RequestBuilder, first_byte: Duration) -> Result<Sent, SendError> {
-    let sent_at = Instant::now();
-    match tokio::time::timeout(first_byte, request.send()).await {
-        Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
-        Ok(Err(e)) if e.is_connect() => Err(SendError::Connect(root_cause(&e))),
-        Ok(Err(e)) => Err(SendError::Failed(root_cause(&e))),
-        Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
-    }
+    within_first_byte(first_byte, async {
+        request.send().await.map_err(|e| {
+            if e.is_connect() {
+                SendError::Connect(root_cause(&e))
+            } else {
+                SendError::Failed(root_cause(&e))
+            }
+        })
+    })
+    .await
 }
 
 /// Send `request` to a node through the request path's client; its head must arrive within
@@ -195,11 +198,24 @@ pub async fn send_to_node(
     request: client::NodeRequest,
     first_byte: Duration,
 ) -> Result<Sent, SendError> {
+    within_first_byte(first_byte, async {
+        client.send(request).await.map_err(|e| match e {
+            client::ExchangeError::Connect(why) => SendError::Connect(why),
+            client::ExchangeError::Failed(why) => SendError::Failed(why),
+        })
+    })
+    .await
+}
+
+/// The one first-byte timeout around an exchange, whichever client makes it.
+async fn within_first_byte(
+    first_byte: Duration,
+    exchange: impl std::future::Future<Output = Result<reqwest::Response, SendError>>,
+) -> Result<Sent, SendError> {
     let sent_at = Instant::now();
-    match tokio::time::timeout(first_byte, client.send(request)).await {
+    match tokio::time::timeout(first_byte, exchange).await {
         Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
-        Ok(Err(client::ExchangeError::Connect(why))) => Err(SendError::Connect(why)),
-        Ok(Err(client::ExchangeError::Failed(why))) => Err(SendError::Failed(why)),
+        Ok(Err(e)) => Err(e),
         Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
     }
 }
