@@ -65,6 +65,7 @@ fn bench(c: &mut Criterion) {
             let router = Arc::new(Router::new(&CategoryConfig { policy, ..CategoryConfig::default() }, Some(1)));
             let ticket = Ticket {
                 model: Some("llama3.2".into()),
+                key: Some("llama3.2:latest".into()),
                 session: Some("conversation-42".into()),
                 tried: Vec::new(),
                 router: Arc::clone(&router),

@@ -39,6 +39,8 @@ pub const REPLAN_EVERY: Duration = Duration::from_millis(250);
 #[derive(Debug, Clone)]
 pub struct Ticket {
     pub model: Option<String>,
+    /// `model` as routing compares it (`config::model_key`), found once per request.
+    pub key: Option<String>,
     pub session: Option<String>,
     pub tried: Vec<Arc<Node>>,
     pub router: Arc<Router>,
@@ -293,6 +295,11 @@ impl Admission {
     /// Each narrowing below (hold-offs, breakers, free slots) copies the list only when it
     /// removes a node: in the common case the policy sees the per-model index's own list.
     fn place(&self, ticket: &Ticket, board: &mut Board) -> Placement {
+        if ticket.router.policy() != Policy::FastestFinish {
+            if let Some(placed) = self.place_direct(ticket, board) {
+                return placed;
+            }
+        }
         let model = ticket.model.as_deref();
         let candidates = match self.candidates(ticket) {
             Ok(c) => c,
@@ -321,7 +328,7 @@ impl Admission {
         // What it should take there, so `fastest-finish` requests know when this slot frees.
         let key = model.map(crate::config::model_key);
         let service = board.quote_one(&free, i, key.as_deref(), &ticket.work, now).service;
-        match free[i].try_dispatch(force) {
+        match free[i].try_dispatch_at(force, now) {
             Some(mut g) => {
                 let finish = now + service;
                 g.plan(model, Some(finish));
@@ -330,6 +337,46 @@ impl Admission {
             }
             None => Placement::Full,
         }
+    }
+
+    /// `place` in one pass over the model's nodes when at least one of them is plainly
+    /// routable (available, untried, not excluded, not held off, its breaker letting it
+    /// through): the filters that then drop nothing else need no list of their own. `None`
+    /// when no node is: the careful path decides what that means (a hold-off sat out, a
+    /// forced node, which error).
+    fn place_direct(&self, ticket: &Ticket, board: &mut Board) -> Option<Placement> {
+        let (model, key) = (ticket.model.as_deref(), ticket.key.as_deref());
+        let index = self.registry.by_model();
+        let nodes = index.serving(key);
+        let now = Instant::now();
+        let listed = |list: &[Arc<Node>], n: &Node| list.iter().any(|t| std::ptr::eq(&**t, n));
+        let mut routable = false;
+        let keep = |n: &Node| {
+            let ok = n.is_available()
+                && !listed(&ticket.tried, n)
+                && !listed(&ticket.excluded, n)
+                && !n.held_off(now)
+                && n.breaker_allows(now);
+            routable |= ok;
+            ok && n.has_capacity()
+        };
+        let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
+        let picked = ticket.router.pick_among(nodes, &ctx, key, keep);
+        if !routable {
+            return None;
+        }
+        let Some(i) = picked else { return Some(Placement::Full) };
+        // What it should take there, so `fastest-finish` requests know when this slot frees.
+        let service = board.quote_one(nodes, i, key, &ticket.work, now).service;
+        Some(match nodes[i].try_dispatch_at(false, now) {
+            Some(mut g) => {
+                let finish = now + service;
+                g.plan(model, Some(finish));
+                board.book(&nodes[i], &Plan { index: i, start: now, finish, service }, now);
+                Placement::Placed(g)
+            }
+            None => Placement::Full,
+        })
     }
 
     /// `fastest-finish`: the node where `ticket` is estimated to end first, busy or not. Free
@@ -353,7 +400,7 @@ impl Admission {
         let node = &eligible[plan.index];
         board.book(node, &plan, now);
         if plan.starts_now(now) {
-            if let Some(mut g) = node.try_dispatch(force) {
+            if let Some(mut g) = node.try_dispatch_at(force, now) {
                 g.plan(model, Some(plan.finish));
                 g.set_estimate(plan.finish.saturating_duration_since(ticket.arrived));
                 return Placement::Placed(g);

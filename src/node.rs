@@ -233,35 +233,18 @@ impl Default for NodeTuning {
 }
 
 pub struct Node {
+    /// What every routing decision reads, together in one or two cache lines (a decision
+    /// over 100 nodes touches each node's `hot` and little else).
+    hot: Hot,
     pub config: NodeConfig,
     pub base_url: url::Url,
-    /// Unique in the process, never reused: where per-node routing state (smooth weighted
-    /// round robin's scores, a sticky ring's owners) is kept without hashing names.
-    id: usize,
-    health: AtomicU8,
-    admin: AtomicU8,
-    weight: AtomicU32,
-    max_concurrency: AtomicU32,
-    /// This broker's share of the node's slots in a fleet (`crate::fleet::capacity`);
-    /// `u32::MAX` for a broker on its own.
-    fleet_share: AtomicU32,
-    in_flight: AtomicUsize,
     probe_successes: AtomicU32,
     probe_failures: AtomicU32,
     /// When the node last came back from unhealthy: the start of its slow-start ramp.
     returned_at: Mutex<Option<Instant>>,
-    /// Set while a slow-start ramp is running, so the common case never takes the lock.
-    ramping: AtomicBool,
     slow_start_ms: std::sync::atomic::AtomicU64,
     breaker: Mutex<Breaker>,
-    /// Mirrors "the breaker is closed" after every change under its lock, so routing's common
-    /// case reads an atomic: closed never turns into anything else by time alone.
-    breaker_closed: AtomicBool,
     ttfb: Mutex<PeakEwma>,
-    /// `least-latency`'s order key, published with every sample: see `latency_key`.
-    ttfb_key: AtomicU64,
-    /// The estimate's decay in seconds (the order key is comparable between nodes that share it).
-    ttfb_decay_s: f64,
     /// Unix ms of the last time-to-first-byte sample; 0 before the first.
     ttfb_at_ms: AtomicI64,
     /// Why and since when the node's health is what it is.
@@ -270,20 +253,11 @@ pub struct Node {
     admin_since: Mutex<Since>,
     /// Until when the node asked not to be sent more (its 429's `Retry-After`).
     held_until: Mutex<Option<Instant>>,
-    /// Set (under `held_until`'s lock) while a hold-off may be running: routing's common case
-    /// reads it instead of taking the lock.
-    held: AtomicBool,
-    /// First-token deadlines missed in a row (reset by an answer that made it).
-    first_token_misses: AtomicU32,
     /// The last miss: a slow mark lasts `SLOW_FOR` after it, then the node is tried again.
     last_miss: Mutex<Option<Instant>>,
     /// Models from `/api/tags`, normalized; `None` until the first deep probe answers.
     models: ArcSwap<Option<BTreeSet<String>>>,
     loaded: ArcSwap<Vec<LoadedModel>>,
-    /// `loaded` as routing reads it (`loaded_sig` of the first `LOADED_SIGS`), written before
-    /// `loaded_count`, which is `u8::MAX` when the list is longer.
-    loaded_sigs: [AtomicU64; LOADED_SIGS],
-    loaded_count: AtomicU8,
     /// Unix ms of the last `/api/ps` answer that set `loaded`; 0 before the first.
     loaded_at_ms: AtomicI64,
     /// Context length per model, learned from `/api/ps` and `/api/show`.
@@ -299,6 +273,45 @@ pub struct Node {
     /// Bumped whenever a model list changes: the registry's per-model index is rebuilt then.
     models_gen: Arc<AtomicU64>,
 }
+
+/// The atomics routing reads for every candidate, kept apart from the rest of `Node` so a
+/// pass over many nodes loads one or two cache lines each, not one per field. In this order
+/// (`repr(C)`) the first 64 bytes hold every field but the loaded models after the first.
+#[repr(C, align(64))]
+struct Hot {
+    /// Unique in the process, never reused: where per-node routing state (smooth weighted
+    /// round robin's scores, a sticky ring's owners) is kept without hashing names.
+    id: usize,
+    in_flight: AtomicUsize,
+    /// `least-latency`'s order key, published with every sample: see `latency_key`.
+    ttfb_key: AtomicU64,
+    /// The estimate's decay in seconds (the order key is comparable between nodes that share it).
+    ttfb_decay_s: f64,
+    weight: AtomicU32,
+    max_concurrency: AtomicU32,
+    /// This broker's share of the node's slots in a fleet (`crate::fleet::capacity`);
+    /// `u32::MAX` for a broker on its own.
+    fleet_share: AtomicU32,
+    /// First-token deadlines missed in a row (reset by an answer that made it).
+    first_token_misses: AtomicU32,
+    health: AtomicU8,
+    admin: AtomicU8,
+    /// Set while a slow-start ramp is running, so the common case never takes the lock.
+    ramping: AtomicBool,
+    /// Mirrors "the breaker is closed" after every change under its lock, so routing's common
+    /// case reads an atomic: closed never turns into anything else by time alone.
+    breaker_closed: AtomicBool,
+    /// Set (under `held_until`'s lock) while a hold-off may be running: routing's common case
+    /// reads it instead of taking the lock.
+    held: AtomicBool,
+    loaded_count: AtomicU8,
+    /// `loaded` as routing reads it (`loaded_sig` of the first `LOADED_SIGS`), written before
+    /// `loaded_count`, which is `u8::MAX` when the list is longer.
+    loaded_sigs: [AtomicU64; LOADED_SIGS],
+}
+
+// The claim above, checked: the first loaded model's signature ends within the first line.
+const _: () = assert!(std::mem::offset_of!(Hot, loaded_sigs) + 8 <= 64);
 
 /// Node ids: a process-wide counter.
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -348,36 +361,38 @@ impl Node {
         let base_url = url::Url::parse(&config.url)?;
         let admin_reason = if config.enabled { "enabled in the config" } else { "disabled in the config" };
         Ok(Self {
-            admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
-            weight: AtomicU32::new(config.weight.max(1)),
-            max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
-            fleet_share: AtomicU32::new(u32::MAX),
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            hot: Hot {
+                admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
+                weight: AtomicU32::new(config.weight.max(1)),
+                max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
+                fleet_share: AtomicU32::new(u32::MAX),
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                health: AtomicU8::new(Health::Unknown.as_u8()),
+                in_flight: AtomicUsize::new(0),
+                ramping: AtomicBool::new(false),
+                breaker_closed: AtomicBool::new(true),
+                ttfb_key: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
+                ttfb_decay_s: tuning.latency_decay.as_secs_f64().max(1e-9),
+                held: AtomicBool::new(false),
+                first_token_misses: AtomicU32::new(0),
+                loaded_sigs: Default::default(),
+                loaded_count: AtomicU8::new(0),
+            },
             config,
             base_url,
-            health: AtomicU8::new(Health::Unknown.as_u8()),
-            in_flight: AtomicUsize::new(0),
             probe_successes: AtomicU32::new(0),
             probe_failures: AtomicU32::new(0),
             returned_at: Mutex::new(None),
-            ramping: AtomicBool::new(false),
             slow_start_ms: std::sync::atomic::AtomicU64::new(tuning.slow_start.as_millis() as u64),
             breaker: Mutex::new(Breaker::new(tuning.breaker)),
-            breaker_closed: AtomicBool::new(true),
             ttfb: Mutex::new(PeakEwma::new(tuning.latency_decay)),
-            ttfb_key: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
-            ttfb_decay_s: tuning.latency_decay.as_secs_f64().max(1e-9),
             ttfb_at_ms: AtomicI64::new(0),
             health_since: Mutex::new(Since::now("not probed yet")),
             admin_since: Mutex::new(Since::now(admin_reason)),
             held_until: Mutex::new(None),
-            held: AtomicBool::new(false),
-            first_token_misses: AtomicU32::new(0),
             last_miss: Mutex::new(None),
             models: ArcSwap::from_pointee(None),
             loaded: ArcSwap::from_pointee(Vec::new()),
-            loaded_sigs: Default::default(),
-            loaded_count: AtomicU8::new(0),
             loaded_at_ms: AtomicI64::new(0),
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
@@ -391,25 +406,28 @@ impl Node {
     }
 
     /// Unique in the process: the index per-node routing state is kept under.
+    #[inline]
     pub fn id(&self) -> usize {
-        self.id
+        self.hot.id
     }
 
     pub fn name(&self) -> &str {
         &self.config.name
     }
 
+    #[inline]
     pub fn health(&self) -> Health {
-        Health::from_u8(self.health.load(Ordering::Acquire))
+        Health::from_u8(self.hot.health.load(Ordering::Acquire))
     }
 
+    #[inline]
     pub fn admin(&self) -> Admin {
-        Admin::from_u8(self.admin.load(Ordering::Acquire))
+        Admin::from_u8(self.hot.admin.load(Ordering::Acquire))
     }
 
     pub fn set_admin(&self, to: Admin) {
         let before = self.state();
-        let from = Admin::from_u8(self.admin.swap(to.as_u8(), Ordering::AcqRel));
+        let from = Admin::from_u8(self.hot.admin.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
             let reason = match (from, to) {
                 (_, Admin::Disabled) => "disabled by an operator",
@@ -466,39 +484,42 @@ impl Node {
         self.set_admin(if on { Admin::Active } else { Admin::Disabled });
     }
 
+    #[inline]
     pub fn weight(&self) -> u32 {
-        self.weight.load(Ordering::Acquire)
+        self.hot.weight.load(Ordering::Acquire)
     }
 
     pub fn set_weight(&self, w: u32) {
-        self.weight.store(w.max(1), Ordering::Release);
+        self.hot.weight.store(w.max(1), Ordering::Release);
     }
 
+    #[inline]
     pub fn max_concurrency(&self) -> usize {
-        self.max_concurrency.load(Ordering::Acquire) as usize
+        self.hot.max_concurrency.load(Ordering::Acquire) as usize
     }
 
     pub fn set_max_concurrency(&self, n: u32) {
-        self.max_concurrency.store(n.max(1), Ordering::Release);
+        self.hot.max_concurrency.store(n.max(1), Ordering::Release);
         self.wake.notify_one();
     }
 
     /// This broker's share of the node's slots in a fleet; `None` on its own.
     pub fn fleet_share(&self) -> Option<u32> {
-        Some(self.fleet_share.load(Ordering::Acquire)).filter(|s| *s != u32::MAX)
+        Some(self.hot.fleet_share.load(Ordering::Acquire)).filter(|s| *s != u32::MAX)
     }
 
     /// Set this broker's share of the node's slots (`u32::MAX`: no fleet). 0 keeps new
     /// requests in the queue; a share that rises wakes it.
     pub fn set_fleet_share(&self, n: u32) {
-        if self.fleet_share.swap(n, Ordering::AcqRel) < n {
+        if self.hot.fleet_share.swap(n, Ordering::AcqRel) < n {
             self.wake.notify_one();
         }
     }
 
     /// The slots this broker may fill: `max_concurrency`, within its fleet share.
+    #[inline(always)]
     pub fn slots(&self) -> usize {
-        self.max_concurrency().min(self.fleet_share.load(Ordering::Acquire) as usize)
+        self.max_concurrency().min(self.hot.fleet_share.load(Ordering::Acquire) as usize)
     }
 
     /// The state a person sees.
@@ -518,10 +539,18 @@ impl Node {
 
     /// Share of its normal traffic a recovering node may take: ramps linearly from 10% to
     /// 100% over `slow_start` after it comes back (Envoy's slow start mode).
+    #[inline(always)]
     pub fn slow_start_factor(&self, now: Instant) -> f64 {
-        if !self.ramping.load(Ordering::Acquire) {
+        if !self.hot.ramping.load(Ordering::Acquire) {
             return 1.0;
         }
+        self.ramp(now)
+    }
+
+    /// `slow_start_factor` while a ramp may be running (under the lock, off the fast path).
+    #[cold]
+    #[inline(never)]
+    fn ramp(&self, now: Instant) -> f64 {
         let returned = *lock(&self.returned_at);
         let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Acquire));
         match returned {
@@ -544,19 +573,24 @@ impl Node {
     pub fn hold_off(&self, wait: Duration) {
         let mut until = lock(&self.held_until);
         *until = Some(Instant::now() + wait);
-        self.held.store(true, Ordering::Release);
+        self.hot.held.store(true, Ordering::Release);
     }
 
     /// Whether the node asked, with a 429, not to be sent more until after `now`.
+    #[inline(always)]
     pub fn held_off(&self, now: Instant) -> bool {
-        if !self.held.load(Ordering::Acquire) {
-            return false;
-        }
+        self.hot.held.load(Ordering::Acquire) && self.held_now(now)
+    }
+
+    /// `held_off` while a hold-off may be running (under the lock, off the fast path).
+    #[cold]
+    #[inline(never)]
+    fn held_now(&self, now: Instant) -> bool {
         let until = lock(&self.held_until);
         let held = until.is_some_and(|until| now < until);
         if until.is_some_and(|until| Instant::now() >= until) {
             // Over for good (not just as of a `now` in the past): the lock-free path again.
-            self.held.store(false, Ordering::Release);
+            self.hot.held.store(false, Ordering::Release);
         }
         held
     }
@@ -566,8 +600,9 @@ impl Node {
         lock(&self.held_until).and_then(|until| until.checked_duration_since(now)).filter(|d| !d.is_zero())
     }
 
+    #[inline(always)]
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        self.hot.in_flight.load(Ordering::Acquire)
     }
 
     /// Requests this node answered since start, for status and tests.
@@ -575,11 +610,13 @@ impl Node {
         self.served.load(Ordering::Relaxed)
     }
 
+    #[inline(always)]
     pub fn has_capacity(&self) -> bool {
         self.in_flight() < self.slots()
     }
 
     /// Takes new requests at all: active and not known to be down.
+    #[inline(always)]
     pub fn is_available(&self) -> bool {
         self.admin() == Admin::Active && self.health() != Health::Unhealthy
     }
@@ -589,15 +626,23 @@ impl Node {
     }
 
     /// Whether the breaker would let a request through now.
+    #[inline(always)]
     pub fn breaker_allows(&self, now: Instant) -> bool {
-        self.breaker_closed.load(Ordering::Acquire) || self.with_breaker(|b| b.would_allow(now))
+        self.hot.breaker_closed.load(Ordering::Acquire) || self.breaker_would_allow(now)
+    }
+
+    /// `breaker_allows` for a breaker that is not closed (under its lock, off the fast path).
+    #[cold]
+    #[inline(never)]
+    fn breaker_would_allow(&self, now: Instant) -> bool {
+        self.with_breaker(|b| b.would_allow(now))
     }
 
     /// Work on the breaker under its lock, then mirror whether it is closed.
     fn with_breaker<R>(&self, f: impl FnOnce(&mut Breaker) -> R) -> R {
         let mut b = lock(&self.breaker);
         let r = f(&mut b);
-        self.breaker_closed.store(b.is_closed(), Ordering::Release);
+        self.hot.breaker_closed.store(b.is_closed(), Ordering::Release);
         r
     }
 
@@ -620,12 +665,12 @@ impl Node {
     /// compares estimates without an `exp` (or a lock) per node. Without a sample: -inf (a
     /// node never measured is explored first). `None` when `other` decays differently.
     pub fn latency_key(&self, other_decay_s: f64) -> Option<f64> {
-        (self.ttfb_decay_s == other_decay_s).then(|| f64::from_bits(self.ttfb_key.load(Ordering::Acquire)))
+        (self.hot.ttfb_decay_s == other_decay_s).then(|| f64::from_bits(self.hot.ttfb_key.load(Ordering::Acquire)))
     }
 
     /// The decay `latency_key` is relative to.
     pub fn latency_decay_s(&self) -> f64 {
-        self.ttfb_decay_s
+        self.hot.ttfb_decay_s
     }
 
     pub fn observe_ttfb(&self, sample: Duration) {
@@ -638,8 +683,8 @@ impl Node {
                 Some(d) => d.as_secs_f64(),
                 None => -epoch.saturating_duration_since(at).as_secs_f64(),
             };
-            let key = (est.as_nanos() as f64).max(1e-3).ln() + offset / self.ttfb_decay_s;
-            self.ttfb_key.store(key.to_bits(), Ordering::Release);
+            let key = (est.as_nanos() as f64).max(1e-3).ln() + offset / self.hot.ttfb_decay_s;
+            self.hot.ttfb_key.store(key.to_bits(), Ordering::Release);
         }
         drop(ewma);
         self.ttfb_at_ms.store(crate::store::now_ms(), Ordering::Release);
@@ -683,20 +728,19 @@ impl Node {
     }
 
     pub fn has_hot_key(&self, key: &str) -> bool {
-        self.loaded.load().iter().any(|l| l.name == key && l.fully_in_vram())
+        self.loaded_facts(ModelRef::new(key)).0
     }
 
     /// What occupancy needs to know of `model` here: (it is loaded entirely in VRAM, some
     /// other model is loaded). From atomics, without the list, for up to `LOADED_SIGS` models.
+    #[inline(always)]
     pub fn loaded_facts(&self, model: ModelRef<'_>) -> (bool, bool) {
-        let count = self.loaded_count.load(Ordering::Acquire);
+        let count = self.hot.loaded_count.load(Ordering::Acquire);
         if usize::from(count) > LOADED_SIGS {
-            let loaded = self.loaded.load();
-            let hot = loaded.iter().any(|l| l.name == model.key && l.fully_in_vram());
-            return (hot, loaded.iter().any(|l| l.name != model.key));
+            return self.loaded_facts_from_list(model);
         }
         let (mut hot, mut other) = (false, false);
-        for sig in &self.loaded_sigs[..usize::from(count)] {
+        for sig in &self.hot.loaded_sigs[..usize::from(count)] {
             let sig = sig.load(Ordering::Relaxed);
             if sig & !1 == model.hash {
                 hot |= sig & 1 == 1;
@@ -705,6 +749,15 @@ impl Node {
             }
         }
         (hot, other)
+    }
+
+    /// `loaded_facts` for a node with more models loaded than the atomics hold.
+    #[cold]
+    #[inline(never)]
+    fn loaded_facts_from_list(&self, model: ModelRef<'_>) -> (bool, bool) {
+        let loaded = self.loaded.load();
+        let hot = loaded.iter().any(|l| l.name == model.key && l.fully_in_vram());
+        (hot, loaded.iter().any(|l| l.name != model.key))
     }
 
     /// What a finished answer of `model` said about this node's speed.
@@ -744,11 +797,11 @@ impl Node {
         }
         let learned: Vec<(String, u64)> =
             loaded.iter().filter_map(|l| l.context_length.map(|c| (normalize_model(&l.name), c))).collect();
-        for (slot, l) in self.loaded_sigs.iter().zip(&loaded) {
+        for (slot, l) in self.hot.loaded_sigs.iter().zip(&loaded) {
             slot.store(loaded_sig(l), Ordering::Relaxed);
         }
         let count = if loaded.len() > LOADED_SIGS { u8::MAX } else { loaded.len() as u8 };
-        self.loaded_count.store(count, Ordering::Release);
+        self.hot.loaded_count.store(count, Ordering::Release);
         self.loaded.store(Arc::new(loaded));
         self.loaded_at_ms.store(crate::store::now_ms(), Ordering::Release);
         for (m, c) in learned {
@@ -770,11 +823,15 @@ impl Node {
     /// and its breaker lets the request through (atomically: two requests can never both take
     /// the last slot). `force` skips the breaker: the last node standing is never ejected.
     pub fn try_dispatch(self: &Arc<Self>, force: bool) -> Option<InFlight> {
+        self.try_dispatch_at(force, Instant::now())
+    }
+
+    /// `try_dispatch` as of `now`, for a caller that has just read the clock.
+    pub fn try_dispatch_at(self: &Arc<Self>, force: bool, now: Instant) -> Option<InFlight> {
         let max = self.slots();
-        let now = Instant::now();
         let (permit, forced) =
             self.with_breaker(|b| b.acquire(now).map(|p| (p, false)).or_else(|| force.then(|| (b.force(), true))))?;
-        match self.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
+        match self.hot.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
             Ok(_) => Some(InFlight {
                 node: Arc::clone(self),
                 permit,
@@ -796,12 +853,12 @@ impl Node {
 
     fn set_health(&self, to: Health, reason: &str) {
         let before = self.state();
-        let from = Health::from_u8(self.health.swap(to.as_u8(), Ordering::AcqRel));
+        let from = Health::from_u8(self.hot.health.swap(to.as_u8(), Ordering::AcqRel));
         if from != to {
             *lock(&self.health_since) = Since::now(reason);
             if from == Health::Unhealthy && to == Health::Healthy {
                 *lock(&self.returned_at) = Some(Instant::now());
-                self.ramping.store(true, Ordering::Release);
+                self.hot.ramping.store(true, Ordering::Release);
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
             self.publish(before);
@@ -848,29 +905,36 @@ impl Node {
     /// Whether the node keeps missing first-token deadlines: `SLOW_AFTER_MISSES` in a row, the
     /// last within `SLOW_FOR`. A slow node is not broken (its breaker and health are untouched):
     /// routing tries it after every other candidate until it answers in time or the mark lapses.
+    #[inline(always)]
     pub fn is_slow(&self, now: Instant) -> bool {
-        self.first_token_misses.load(Ordering::Acquire) >= SLOW_AFTER_MISSES
-            && lock(&self.last_miss).is_some_and(|at| now.saturating_duration_since(at) < SLOW_FOR)
+        self.hot.first_token_misses.load(Ordering::Acquire) >= SLOW_AFTER_MISSES && self.slow_mark_holds(now)
+    }
+
+    /// Whether the last miss is recent enough for the slow mark to hold (off the fast path).
+    #[cold]
+    #[inline(never)]
+    fn slow_mark_holds(&self, now: Instant) -> bool {
+        lock(&self.last_miss).is_some_and(|at| now.saturating_duration_since(at) < SLOW_FOR)
     }
 
     /// First-token deadlines missed in a row.
     pub fn first_token_misses(&self) -> u32 {
-        self.first_token_misses.load(Ordering::Acquire)
+        self.hot.first_token_misses.load(Ordering::Acquire)
     }
 
     fn count_first_token(&self, outcome: Outcome) {
         match outcome {
             Outcome::Slow => {
                 *lock(&self.last_miss) = Some(Instant::now());
-                let n = self.first_token_misses.fetch_add(1, Ordering::AcqRel) + 1;
+                let n = self.hot.first_token_misses.fetch_add(1, Ordering::AcqRel) + 1;
                 if n == SLOW_AFTER_MISSES {
                     tracing::warn!(node = %self.name(), misses = n, "node marked slow: it keeps missing first-token deadlines; tried after the others");
                 }
             }
             // Read before the swap, so the common case (no misses) writes nothing.
             Outcome::Success
-                if self.first_token_misses.load(Ordering::Acquire) > 0
-                    && self.first_token_misses.swap(0, Ordering::AcqRel) >= SLOW_AFTER_MISSES =>
+                if self.hot.first_token_misses.load(Ordering::Acquire) > 0
+                    && self.hot.first_token_misses.swap(0, Ordering::AcqRel) >= SLOW_AFTER_MISSES =>
             {
                 tracing::info!(node = %self.name(), "node no longer slow: it answered in time");
             }
@@ -987,7 +1051,7 @@ impl Drop for InFlight {
         if let Some(id) = self.slot.take() {
             lock(&self.node.timetable).retain(|(i, _)| *i != id);
         }
-        self.node.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.node.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.node.wake.notify_one();
     }
 }

@@ -185,7 +185,7 @@ impl Board {
         // A node with a free slot and nothing booked on it this walk starts now: its lane
         // (one entry per slot) is built only once something is booked there.
         let key_of = Arc::as_ptr(n) as usize;
-        if !self.lanes.contains_key(&key_of) && n.in_flight() < n.slots().max(1) {
+        if n.in_flight() < n.slots().max(1) && (self.lanes.is_empty() || !self.lanes.contains_key(&key_of)) {
             return Quote { start: now, service };
         }
         let lane = self.lane(n, now, service);

@@ -135,6 +135,7 @@ pub struct PickCtx<'a> {
 /// loaded (loading it displaces nothing), 2 loaded but busy, 3 not loaded while another model
 /// is (loading it would likely evict that one). "Loaded" is `/api/ps`'s word, entirely in VRAM;
 /// "resident" is not "idle": with `OLLAMA_MAX_LOADED_MODELS=1` a loaded model is usually busy.
+#[inline(always)]
 pub fn occupancy(node: &Node, model: Option<ModelRef<'_>>) -> u8 {
     let Some(model) = model else { return 0 };
     let (hot, other) = node.loaded_facts(model);
@@ -149,6 +150,7 @@ pub fn occupancy(node: &Node, model: Option<ModelRef<'_>>) -> u8 {
 /// The rank `Router::pick` keeps the best of: occupancy (with `wait_for_warm`, a loaded busy
 /// node before a cold idle one), and a node that keeps missing first-token deadlines after
 /// every other (slow, not broken: still there when nothing else is).
+#[inline(always)]
 fn rank(node: &Node, model: Option<ModelRef<'_>>, wait_for_warm: bool, now: Instant) -> u8 {
     let tier = match (occupancy(node, model), wait_for_warm) {
         (1, true) => 2,
@@ -158,17 +160,44 @@ fn rank(node: &Node, model: Option<ModelRef<'_>>, wait_for_warm: bool, now: Inst
     tier + if node.is_slow(now) { 4 } else { 0 }
 }
 
-/// A routing policy. `nodes` is never empty; the answer is an index into it.
+/// The nodes one policy chooses among: some of a candidate list, by position in it, so
+/// narrowing the candidates (occupancy tiers, slow start) copies positions, not `Arc`s.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool<'a> {
+    nodes: &'a [Arc<Node>],
+    at: &'a [u32],
+}
+
+impl<'a> Pool<'a> {
+    pub fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+
+    pub fn node(&self, i: usize) -> &'a Arc<Node> {
+        &self.nodes[self.at[i] as usize]
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'a Arc<Node>> + Clone + 'a {
+        let nodes = self.nodes;
+        self.at.iter().map(move |&i| &nodes[i as usize])
+    }
+}
+
+/// A routing policy. `pool` is never empty; the answer is an index into it.
 pub trait Balance: Send + Sync + std::fmt::Debug {
-    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize;
+    fn pick(&self, pool: Pool<'_>, ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize;
 }
 
 /// Index of a uniformly random element among those with the lowest `key`: one pass, no
 /// allocation (reservoir sampling over the ties: the k-th tie replaces the pick with
 /// probability 1/k).
-fn min_by_random_tie<K: PartialOrd + Copy>(nodes: &[Arc<Node>], rng: &mut SmallRng, key: impl Fn(&Node) -> K) -> usize {
-    let (mut best, mut at, mut ties) = (key(&nodes[0]), 0, 1u32);
-    for (i, n) in nodes.iter().enumerate().skip(1) {
+fn min_by_random_tie<K: PartialOrd + Copy>(pool: Pool<'_>, rng: &mut SmallRng, key: impl Fn(&Node) -> K) -> usize {
+    let (mut best, mut at, mut ties) = (key(pool.node(0)), 0, 1u32);
+    for (i, n) in pool.iter().enumerate().skip(1) {
         let k = key(n);
         if k < best {
             (best, at, ties) = (k, i, 1);
@@ -188,8 +217,8 @@ pub struct RoundRobin {
 }
 
 impl Balance for RoundRobin {
-    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
-        self.cursor.fetch_add(1, Ordering::Relaxed) % nodes.len()
+    fn pick(&self, pool: Pool<'_>, _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+        self.cursor.fetch_add(1, Ordering::Relaxed) % pool.len()
     }
 }
 
@@ -200,14 +229,14 @@ pub struct Weighted {
 }
 
 impl Balance for Weighted {
-    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+    fn pick(&self, pool: Pool<'_>, _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
         let mut current = lock(&self.current);
-        let top = nodes.iter().map(|n| n.id()).max().unwrap_or(0);
+        let top = pool.iter().map(|n| n.id()).max().unwrap_or(0);
         if current.len() <= top {
             current.resize(top + 1, 0);
         }
         let (mut total, mut best, mut best_score) = (0i64, 0, i64::MIN);
-        for (i, n) in nodes.iter().enumerate() {
+        for (i, n) in pool.iter().enumerate() {
             let w = i64::from(n.weight());
             total += w;
             let score = &mut current[n.id()];
@@ -217,7 +246,7 @@ impl Balance for Weighted {
                 best = i;
             }
         }
-        current[nodes[best].id()] -= total;
+        current[pool.node(best).id()] -= total;
         best
     }
 }
@@ -226,8 +255,8 @@ impl Balance for Weighted {
 pub struct LeastConnections;
 
 impl Balance for LeastConnections {
-    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
-        min_by_random_tie(nodes, rng, |n| n.in_flight() as f64 / f64::from(n.weight()))
+    fn pick(&self, pool: Pool<'_>, _: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        min_by_random_tie(pool, rng, |n| n.in_flight() as f64 / f64::from(n.weight()))
     }
 }
 
@@ -235,14 +264,14 @@ impl Balance for LeastConnections {
 pub struct LeastLatency;
 
 impl Balance for LeastLatency {
-    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+    fn pick(&self, pool: Pool<'_>, ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
         // The order keys compare estimates at any common `now` without an `exp` per node; a
         // node tuned with another decay (a reload in between) is compared by its estimate.
-        let decay = nodes[0].latency_decay_s();
-        if nodes.iter().all(|n| n.latency_decay_s() == decay) {
-            return min_by_random_tie(nodes, rng, |n| n.latency_key(decay).unwrap_or(f64::NEG_INFINITY));
+        let decay = pool.node(0).latency_decay_s();
+        if pool.iter().all(|n| n.latency_decay_s() == decay) {
+            return min_by_random_tie(pool, rng, |n| n.latency_key(decay).unwrap_or(f64::NEG_INFINITY));
         }
-        min_by_random_tie(nodes, rng, |n| n.ttfb_estimate(ctx.now).map_or(0, |d| d.as_nanos()))
+        min_by_random_tie(pool, rng, |n| n.ttfb_estimate(ctx.now).map_or(0, |d| d.as_nanos()))
     }
 }
 
@@ -257,16 +286,16 @@ impl P2c {
 }
 
 impl Balance for P2c {
-    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
-        if nodes.len() == 1 {
+    fn pick(&self, pool: Pool<'_>, ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        if pool.len() == 1 {
             return 0;
         }
-        let a = rng.gen_range(0..nodes.len());
-        let mut b = rng.gen_range(0..nodes.len() - 1);
+        let a = rng.gen_range(0..pool.len());
+        let mut b = rng.gen_range(0..pool.len() - 1);
         if b >= a {
             b += 1;
         }
-        let (ca, cb) = (Self::cost(&nodes[a], ctx.now), Self::cost(&nodes[b], ctx.now));
+        let (ca, cb) = (Self::cost(pool.node(a), ctx.now), Self::cost(pool.node(b), ctx.now));
         if ca <= cb {
             a
         } else {
@@ -285,9 +314,9 @@ pub struct PriorityOrder {
 const UNRANKED: usize = usize::MAX - 1;
 
 impl Balance for PriorityOrder {
-    fn pick(&self, nodes: &[Arc<Node>], _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+    fn pick(&self, pool: Pool<'_>, _: &PickCtx<'_>, _: &mut SmallRng) -> usize {
         let mut places = lock(&self.places);
-        let top = nodes.iter().map(|n| n.id()).max().unwrap_or(0);
+        let top = pool.iter().map(|n| n.id()).max().unwrap_or(0);
         if places.len() <= top {
             places.resize(top + 1, UNRANKED);
         }
@@ -299,7 +328,7 @@ impl Balance for PriorityOrder {
             *p
         };
         // Nodes not in `order` keep their config order, after the listed ones.
-        (0..nodes.len()).min_by_key(|&i| (place(&nodes[i]), i)).unwrap_or(0)
+        (0..pool.len()).min_by_key(|&i| (place(pool.node(i)), i)).unwrap_or(0)
     }
 }
 
@@ -312,13 +341,13 @@ struct Ring {
 }
 
 impl Ring {
-    fn build(nodes: &[Arc<Node>]) -> Self {
+    fn build<'a>(nodes: impl Iterator<Item = &'a Arc<Node>> + Clone) -> Self {
         let mut points: Vec<(u64, usize)> = nodes
-            .iter()
+            .clone()
             .flat_map(|n| (0..VIRTUAL_NODES).map(move |v| (hash64(&format!("{}#{v}", n.name())), n.id())))
             .collect();
         points.sort_unstable();
-        let mut members: Vec<usize> = nodes.iter().map(|n| n.id()).collect();
+        let mut members: Vec<usize> = nodes.map(|n| n.id()).collect();
         members.sort_unstable();
         Self { members, points }
     }
@@ -340,18 +369,18 @@ pub struct Sticky {
 pub const VIRTUAL_NODES: usize = 160;
 
 impl Balance for Sticky {
-    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
-        let Some(session) = ctx.session else { return rng.gen_range(0..nodes.len()) };
+    fn pick(&self, pool: Pool<'_>, ctx: &PickCtx<'_>, rng: &mut SmallRng) -> usize {
+        let Some(session) = ctx.session else { return rng.gen_range(0..pool.len()) };
         let mut ring = lock(&self.ring);
-        if !nodes.iter().all(|n| ring.has(n.id())) {
-            *ring = Ring::build(nodes);
+        if !pool.iter().all(|n| ring.has(n.id())) {
+            *ring = Ring::build(pool.iter());
         }
         let h = hash64(session);
         let start = ring.points.partition_point(|(k, _)| *k < h);
         let points = ring.points.len();
         for step in 0..points {
             let owner = ring.points[(start + step) % points].1;
-            if let Some(i) = nodes.iter().position(|n| n.id() == owner) {
+            if let Some(i) = pool.iter().position(|n| n.id() == owner) {
                 return i;
             }
         }
@@ -366,10 +395,11 @@ impl Balance for Sticky {
 pub struct FastestFinish;
 
 impl Balance for FastestFinish {
-    fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, _: &mut SmallRng) -> usize {
+    fn pick(&self, pool: Pool<'_>, ctx: &PickCtx<'_>, _: &mut SmallRng) -> usize {
         let key = ctx.model.map(crate::config::model_key);
         let model = key.as_deref().map(ModelRef::new);
-        Board::new().plan(nodes, key.as_deref(), &ctx.work, ctx.now, |n| occupancy(n, model)).map_or(0, |p| p.index)
+        let nodes: Vec<Arc<Node>> = pool.iter().cloned().collect();
+        Board::new().plan(&nodes, key.as_deref(), &ctx.work, ctx.now, |n| occupancy(n, model)).map_or(0, |p| p.index)
     }
 }
 
@@ -417,40 +447,60 @@ impl Router {
 
     /// Index into `nodes` of the chosen one; `None` only for an empty slice.
     pub fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>) -> Option<usize> {
-        if nodes.is_empty() {
+        let key = ctx.model.map(crate::config::model_key);
+        self.pick_among(nodes, ctx, key.as_deref(), |_| true)
+    }
+
+    /// Index into `nodes` of the chosen one among those `keep` accepts; `None` when it
+    /// accepts none. `key` is `ctx.model`'s key (`config::model_key`), found once by the
+    /// caller. One pass over `nodes` keeps the best occupancy tier's positions (no `Arc` is
+    /// copied); slow-start dice are thrown only when a node in it is ramping up.
+    pub fn pick_among(
+        &self,
+        nodes: &[Arc<Node>],
+        ctx: &PickCtx<'_>,
+        key: Option<&str>,
+        mut keep: impl FnMut(&Node) -> bool,
+    ) -> Option<usize> {
+        let model = key.filter(|_| self.affinity).map(ModelRef::new);
+        let (mut best, mut ramping) = (u8::MAX, false);
+        let mut pool: Vec<u32> = Vec::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            if !keep(n) {
+                continue;
+            }
+            let tier = rank(n, model, self.wait_for_warm, ctx.now);
+            if tier > best {
+                continue;
+            }
+            if tier < best {
+                (best, ramping) = (tier, false);
+                pool.clear();
+            }
+            pool.push(i as u32);
+            ramping |= n.slow_start_factor(ctx.now) < 1.0;
+        }
+        if pool.is_empty() {
             return None;
         }
-        let key = ctx.model.map(crate::config::model_key).filter(|_| self.affinity);
-        let model = key.as_deref().map(ModelRef::new);
-        let tiers: Vec<u8> = nodes.iter().map(|n| rank(n, model, self.wait_for_warm, ctx.now)).collect();
-        let best = tiers.iter().copied().min().unwrap_or(0);
         let mut rng = lock(&self.rng);
-        // The common case: every node in the same tier and none ramping up, so the policy
-        // sees `nodes` as they are, with nothing copied.
-        if tiers.iter().all(|t| *t == best) && nodes.iter().all(|n| n.slow_start_factor(ctx.now) >= 1.0) {
-            return Some(self.balance.pick(nodes, ctx, &mut rng));
-        }
-        // Keep a node when it is in the best occupancy tier and passes its slow-start dice.
-        let mut keep = |i: usize| {
-            if tiers[i] != best {
-                return false;
+        if ramping {
+            // A recovering node stays in with probability equal to its ramp; if every one
+            // loses its dice, the whole tier stays.
+            let passed: Vec<u32> = pool
+                .iter()
+                .copied()
+                .filter(|&i| {
+                    let f = nodes[i as usize].slow_start_factor(ctx.now);
+                    f >= 1.0 || rng.gen_bool(f.clamp(0.0, 1.0))
+                })
+                .collect();
+            if !passed.is_empty() {
+                pool = passed;
             }
-            let f = nodes[i].slow_start_factor(ctx.now);
-            f >= 1.0 || rng.gen_bool(f.clamp(0.0, 1.0))
-        };
-        let pool: Vec<usize> = (0..nodes.len()).filter(|&i| keep(i)).collect();
-        let pool = if pool.is_empty() {
-            // Every candidate lost its slow-start dice: fall back to the best tier.
-            (0..nodes.len()).filter(|&i| tiers[i] == best).collect()
-        } else {
-            pool
-        };
-        if pool.len() == nodes.len() {
-            return Some(self.balance.pick(nodes, ctx, &mut rng));
         }
-        let subset: Vec<Arc<Node>> = pool.iter().map(|&i| Arc::clone(&nodes[i])).collect();
-        let chosen = self.balance.pick(&subset, ctx, &mut rng);
-        pool.get(chosen).copied()
+        let chosen = self.balance.pick(Pool { nodes, at: &pool }, ctx, &mut rng);
+        pool.get(chosen).map(|&i| i as usize)
     }
 }
 

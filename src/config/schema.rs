@@ -726,7 +726,8 @@ pub fn model_key(name: &str) -> std::borrow::Cow<'_, str> {
     if tagged && lower && short.len() == name.len() {
         return std::borrow::Cow::Borrowed(name);
     }
-    let mut key = short.to_ascii_lowercase();
+    let mut key = String::with_capacity(short.len() + ":latest".len());
+    key.extend(short.chars().map(|c| c.to_ascii_lowercase()));
     if !tagged {
         key.push_str(":latest");
     }
@@ -740,14 +741,17 @@ fn shortest(name: &str) -> &str {
         Some(c) if name.rfind('/').is_none_or(|s| c > s) => &name[..c],
         _ => name,
     };
-    let parts: Vec<&str> = path.rsplitn(3, '/').collect();
-    let model_at = path.len() - parts[0].len();
+    // Host, namespace and model, counted from the end (no list: this runs per request).
+    let mut parts = path.rsplitn(3, '/');
+    let model = parts.next().unwrap_or(path);
+    let (namespace, host) = (parts.next(), parts.next());
+    let model_at = path.len() - model.len();
     let default_host =
-        parts.get(2).is_none_or(|h| h.rsplit("://").next().unwrap_or(h).eq_ignore_ascii_case("registry.ollama.ai"));
-    let default_ns = parts.get(1).is_some_and(|n| n.eq_ignore_ascii_case("library"));
-    match parts.len() {
-        2 | 3 if default_host && default_ns => &name[model_at..],
-        3 if default_host => &name[model_at - parts[1].len() - 1..],
+        host.is_none_or(|h| h.rsplit("://").next().unwrap_or(h).eq_ignore_ascii_case("registry.ollama.ai"));
+    let default_ns = namespace.is_some_and(|n| n.eq_ignore_ascii_case("library"));
+    match (namespace, host) {
+        (Some(_), _) if default_host && default_ns => &name[model_at..],
+        (Some(ns), Some(_)) if default_host => &name[model_at - ns.len() - 1..],
         _ => name,
     }
 }

@@ -222,6 +222,7 @@ async fn continuation(
 fn ticket_for(out: &Outbound, router: Arc<crate::route::Router>) -> Ticket {
     Ticket {
         model: out.model.clone(),
+        key: out.model.as_deref().map(|m| crate::config::model_key(m).into_owned()),
         session: out.session.clone(),
         tried: Vec::new(),
         router,
