@@ -325,18 +325,7 @@ impl Admission {
         let free = narrow(eligible, |n| n.has_capacity());
         let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
         let Some(i) = ticket.router.pick(&free, &ctx) else { return Placement::Full };
-        // What it should take there, so `fastest-finish` requests know when this slot frees.
-        let key = model.map(crate::config::model_key);
-        let service = board.quote_one(&free, i, key.as_deref(), &ticket.work, now).service;
-        match free[i].try_dispatch_at(force, now) {
-            Some(mut g) => {
-                let finish = now + service;
-                g.plan(model, Some(finish));
-                board.book(&free[i], &Plan { index: i, start: now, finish, service }, now);
-                Placement::Placed(g)
-            }
-            None => Placement::Full,
-        }
+        take_slot(&free, i, force, ticket, ticket.key.as_deref(), board, now)
     }
 
     /// `place` in one pass over the model's nodes when at least one of them is plainly
@@ -366,17 +355,7 @@ impl Admission {
             return None;
         }
         let Some(i) = picked else { return Some(Placement::Full) };
-        // What it should take there, so `fastest-finish` requests know when this slot frees.
-        let service = board.quote_one(nodes, i, key, &ticket.work, now).service;
-        Some(match nodes[i].try_dispatch_at(false, now) {
-            Some(mut g) => {
-                let finish = now + service;
-                g.plan(model, Some(finish));
-                board.book(&nodes[i], &Plan { index: i, start: now, finish, service }, now);
-                Placement::Placed(g)
-            }
-            None => Placement::Full,
-        })
+        Some(take_slot(nodes, i, false, ticket, key, board, now))
     }
 
     /// `fastest-finish`: the node where `ticket` is estimated to end first, busy or not. Free
@@ -421,6 +400,29 @@ impl Admission {
                 _ = tokio::time::sleep(REPLAN_EVERY), if replan => self.dispatch(),
             }
         }
+    }
+}
+
+/// Take a slot on `nodes[i]` for `ticket`, booked with what it should take there, so
+/// `fastest-finish` requests know when this slot frees. `key` is the ticket's model key.
+fn take_slot(
+    nodes: &[Arc<Node>],
+    i: usize,
+    force: bool,
+    ticket: &Ticket,
+    key: Option<&str>,
+    board: &mut Board,
+    now: Instant,
+) -> Placement {
+    let service = board.quote_one(nodes, i, key, &ticket.work, now).service;
+    match nodes[i].try_dispatch_at(force, now) {
+        Some(mut g) => {
+            let finish = now + service;
+            g.plan(ticket.model.as_deref(), Some(finish));
+            board.book(&nodes[i], &Plan { index: i, start: now, finish, service }, now);
+            Placement::Placed(g)
+        }
+        None => Placement::Full,
     }
 }
 
