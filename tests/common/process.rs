@@ -93,6 +93,26 @@ impl Proc {
         line[start..].split_whitespace().next().unwrap_or_default().to_string()
     }
 
+    /// Every line not yet consumed up to and including the first containing `needle`, within
+    /// 30 s: for checking what was logged up to an event without racing the log writer.
+    pub fn lines_until(&self, needle: &str) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    out.push(line);
+                    if found {
+                        return out;
+                    }
+                }
+                Err(e) => panic!("no line containing {needle:?} in {out:?}: {e}"),
+            }
+        }
+    }
+
     /// Every line printed so far that `wait_for` has not consumed.
     pub fn lines_so_far(&self) -> Vec<String> {
         self.lines.try_iter().collect()
