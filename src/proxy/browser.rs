@@ -23,10 +23,8 @@
 //! at all: no other origin may read its answers.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
@@ -173,23 +171,27 @@ pub(super) fn screen(listener: &ListenerConfig, headers: &HeaderMap, uri: &http:
 /// request's own, is no CORS request and passes untouched; a foreign origin that is not
 /// allowed passes on to `screen`'s 403 with no CORS header. For an allowed origin, `OPTIONS`
 /// is a preflight answered here (after the `Host` check, so a rebinding page learns nothing),
-/// and every other answer gets `Access-Control-Allow-Origin` echoing the origin.
-pub(super) async fn cors(State(listener): State<Arc<ListenerConfig>>, req: Request, next: Next) -> Response {
-    let host = host_of(req.headers(), req.uri()).map(str::to_string);
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    let allowed = origin.filter(|o| {
-        let o = o.to_str().unwrap_or("\u{fffd}");
-        !host.as_deref().is_some_and(|h| same_origin(o, h))
-            && origin_allowed(o, host.as_deref(), &listener.allowed_origins)
-    });
-    let Some(origin) = allowed else { return next.run(req).await };
+/// and every other answer gets `Access-Control-Allow-Origin` echoing the origin. A plain call
+/// around the handler, not a middleware layer: no boxed future or service clone per request.
+pub(super) async fn cors<F>(listener: &ListenerConfig, req: Request, next: impl FnOnce(Request) -> F) -> Response
+where
+    F: std::future::Future<Output = Response>,
+{
+    // Most requests carry no `Origin`: they pass with nothing read or allocated.
+    let Some(origin) = req.headers().get(header::ORIGIN) else { return next(req).await };
+    let host = host_of(req.headers(), req.uri());
+    let o = origin.to_str().unwrap_or("\u{fffd}");
+    if host.is_some_and(|h| same_origin(o, h)) || !origin_allowed(o, host, &listener.allowed_origins) {
+        return next(req).await;
+    }
+    let origin = origin.clone();
     let mut response = if req.method() == Method::OPTIONS {
-        match screen(&listener, req.headers(), req.uri()) {
+        match screen(listener, req.headers(), req.uri()) {
             Err(e) => e.into_response(),
             Ok(()) => preflight(),
         }
     } else {
-        next.run(req).await
+        next(req).await
     };
     let h = response.headers_mut();
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);

@@ -60,8 +60,13 @@ pub struct ProxyState {
 struct ClientName(Option<String>);
 
 pub fn router(state: ProxyState) -> axum::Router {
-    let cors = axum::middleware::from_fn_with_state(Arc::clone(&state.listener), browser::cors);
-    axum::Router::new().fallback(handle).layer(cors).with_state(state)
+    axum::Router::new().fallback(entry).with_state(state)
+}
+
+/// Every request: CORS (`browser::cors`) around the handler.
+async fn entry(State(state): State<ProxyState>, req: Request) -> Response {
+    let listener = Arc::clone(&state.listener);
+    browser::cors(&listener, req, |req| handle(state, req)).await
 }
 
 /// Whether a request changes what the nodes hold (pull, delete, create, copy, push, blobs):
@@ -169,7 +174,7 @@ fn client_request_id(headers: &HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
-async fn handle(State(state): State<ProxyState>, req: Request) -> Response {
+async fn handle(state: ProxyState, req: Request) -> Response {
     // Corral's own id keys the record; the client's is echoed beside it. Version 7 (time
     // first) so the store's primary key grows at its end instead of at a random page per row.
     let id = uuid::Uuid::now_v7().to_string();
