@@ -147,7 +147,7 @@ fn watch_config_file(
 fn telemetry_for(
     config: &Config,
     store: Option<crate::store::Store>,
-    bus: tokio::sync::broadcast::Sender<crate::telemetry::Event>,
+    bus: crate::telemetry::Bus,
     client: &reqwest::Client,
     cancel: &CancellationToken,
     tracker: &TaskTracker,
@@ -219,7 +219,7 @@ impl Broker {
         registry.on_state_change(crate::telemetry::Telemetry::state_sink(bus.clone()));
         let telemetry = telemetry_for(&config, store.clone(), bus, &client, &store_cancel, &store_tracker);
         if let Some(store) = store {
-            tracker.spawn(record_node_events(telemetry.subscribe(), store, cancel.clone()));
+            tracker.spawn(record_node_events(telemetry.subscribe_notable(), store, cancel.clone()));
         }
         let shared = Arc::new(Shared::new(
             config,

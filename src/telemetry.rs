@@ -1,8 +1,10 @@
 //! Telemetry: what happened, for people and machines.
 //!
-//! - A live event bus (`tokio::sync::broadcast`): node state changes, finished requests, config
-//!   reloads. The store, the admin SSE stream and the desktop notifications all listen to it;
-//!   nothing on the request path waits for a listener.
+//! - A live event bus (`Bus`, two `tokio::sync::broadcast` channels): node state changes,
+//!   finished requests, config reloads. The admin SSE stream hears everything; the store's
+//!   node-event recorder, the desktop notifications and the tray hear only the notable part
+//!   (every change, and the requests that can raise an alert), so an ordinary request wakes no
+//!   task of theirs. Nothing on the request path waits for a listener.
 //! - Prometheus metrics (`prometheus-client`, an explicit registry, no global recorder):
 //!   requests by node/category/outcome, latency and time-to-first-byte histograms, tokens,
 //!   fallbacks; gauges (in-flight, queue depth, breaker, health) are read at scrape time.
@@ -245,8 +247,55 @@ impl SpeedGauges {
     }
 }
 
+/// Where events are published: `all` for listeners that show everything (the UI's event
+/// stream), `notable` for those that act on changes (alerts, the node-event record, the tray):
+/// every event but an ordinary request, which at thousands a second would wake each of them
+/// per request for nothing.
+#[derive(Clone, Debug)]
+pub struct Bus {
+    all: broadcast::Sender<Event>,
+    notable: broadcast::Sender<Event>,
+    /// A provider answered since a node last did: the next node answer ends a fallback, which
+    /// the alerts tell (`alerts::Alerts::fallback`), so it is notable.
+    in_fallback: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Default for Bus {
+    fn default() -> Self {
+        Self { all: broadcast::channel(1024).0, notable: broadcast::channel(1024).0, in_fallback: Arc::default() }
+    }
+}
+
+impl Bus {
+    pub fn send(&self, e: Event) {
+        if self.notable(&e) {
+            let _ = self.notable.send(e.clone());
+        }
+        let _ = self.all.send(e);
+    }
+
+    /// Whether `e` may change what a change-listener shows or says: anything but a request;
+    /// a request that failed over, was answered by a provider, or ended a fallback.
+    fn notable(&self, e: &Event) -> bool {
+        use std::sync::atomic::Ordering;
+        let Event::Request(row) = e else { return true };
+        if row.fallback.is_some() {
+            if row.status == "ok" {
+                self.in_fallback.store(true, Ordering::Relaxed);
+            }
+            return true;
+        }
+        let ends_fallback = row.status == "ok"
+            && row.node.is_some()
+            && crate::cloud::can_fall_back(&row.endpoint)
+            && self.in_fallback.load(Ordering::Relaxed)
+            && self.in_fallback.swap(false, Ordering::Relaxed);
+        row.attempts > 1 || ends_fallback
+    }
+}
+
 pub struct Telemetry {
-    bus: broadcast::Sender<Event>,
+    bus: Bus,
     metrics: Metrics,
     store: Option<Store>,
     fallback_share: std::sync::Mutex<crate::cloud::share::Window>,
@@ -288,7 +337,7 @@ impl std::fmt::Debug for Telemetry {
 }
 
 impl Telemetry {
-    pub fn new(store: Option<Store>, bus: broadcast::Sender<Event>) -> Self {
+    pub fn new(store: Option<Store>, bus: Bus) -> Self {
         let share = crate::cloud::share::Window::new(crate::config::AlertsConfig::default(), Instant::now());
         Self {
             bus,
@@ -344,19 +393,25 @@ impl Telemetry {
     }
 
     /// A fresh bus; node state changes are published on it from the registry.
-    pub fn bus() -> broadcast::Sender<Event> {
-        broadcast::channel(1024).0
+    pub fn bus() -> Bus {
+        Bus::default()
     }
 
     /// A sink for the registry's node state changes that publishes them on `bus`.
-    pub fn state_sink(bus: broadcast::Sender<Event>) -> crate::node::StateSink {
+    pub fn state_sink(bus: Bus) -> crate::node::StateSink {
         Arc::new(move |c: crate::node::StateChange| {
-            let _ = bus.send(Event::NodeState { node: c.node, from: c.from, to: c.to, reason: c.reason, at: c.at });
+            bus.send(Event::NodeState { node: c.node, from: c.from, to: c.to, reason: c.reason, at: c.at });
         })
     }
 
+    /// Every event, a finished request each included: for listeners that show them all.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.bus.subscribe()
+        self.bus.all.subscribe()
+    }
+
+    /// Every event but ordinary requests ([`Bus`]): for listeners that act on changes.
+    pub fn subscribe_notable(&self) -> broadcast::Receiver<Event> {
+        self.bus.notable.subscribe()
     }
 
     pub fn store(&self) -> Option<&Store> {
@@ -374,7 +429,7 @@ impl Telemetry {
     }
 
     pub fn publish(&self, e: Event) {
-        let _ = self.bus.send(e);
+        self.bus.send(e);
     }
 
     /// Start tracing a request.
@@ -668,5 +723,49 @@ mod tests {
         let long = for_record(&"m".repeat(5_000_000));
         assert!(long.len() <= RECORD_TEXT_MAX + '…'.len_utf8(), "a 5 MB name is cut: {}", long.len());
         assert_eq!(for_record("qwen2.5:7b"), "qwen2.5:7b", "ordinary names are untouched");
+    }
+
+    fn request(node: Option<&str>, attempts: i64, fallback: Option<&str>) -> Event {
+        Event::Request(Arc::new(RequestRow {
+            endpoint: "/api/chat".into(),
+            node: node.map(str::to_string),
+            attempts,
+            fallback: fallback.map(str::to_string),
+            status: "ok".into(),
+            ..RequestRow::default()
+        }))
+    }
+
+    /// What each listener hears: `all` every event, `notable` changes and the requests that
+    /// can raise an alert, never an ordinary answer.
+    #[test]
+    fn change_listeners_hear_changes_and_alerting_requests_only() {
+        let bus = Bus::default();
+        let (mut all, mut notable) = (bus.all.subscribe(), bus.notable.subscribe());
+        let heard = |rx: &mut broadcast::Receiver<Event>| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|e| match e {
+                    Event::Request(r) => format!(
+                        "{}/{}/{}",
+                        r.node.as_deref().unwrap_or("-"),
+                        r.attempts,
+                        r.fallback.as_deref().unwrap_or("-")
+                    ),
+                    other => format!("{other:?}").split_whitespace().next().unwrap_or("").to_string(),
+                })
+                .collect::<Vec<_>>()
+        };
+        bus.send(request(Some("n0"), 1, None));
+        bus.send(Event::ConfigReload { ok: true, error: None });
+        bus.send(request(Some("n0"), 2, None));
+        bus.send(request(None, 1, Some("openai")));
+        bus.send(request(Some("n1"), 1, None));
+        bus.send(request(Some("n1"), 1, None));
+        assert_eq!(heard(&mut all), ["n0/1/-", "ConfigReload", "n0/2/-", "-/1/openai", "n1/1/-", "n1/1/-"]);
+        assert_eq!(
+            heard(&mut notable),
+            ["ConfigReload", "n0/2/-", "-/1/openai", "n1/1/-"],
+            "the ordinary answers are left out, but the one that ends a fallback"
+        );
     }
 }

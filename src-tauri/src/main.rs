@@ -193,7 +193,12 @@ fn setup(app: &mut tauri::App, source: start::Source) -> Result<(), Box<dyn std:
         let h = handle.clone();
         let _ = handle.run_on_main_thread(move || open_node(&h, &node));
     });
-    tauri::async_runtime::spawn(notify::run(shared.telemetry.subscribe(), Arc::clone(&muted), stop.clone(), open));
+    tauri::async_runtime::spawn(notify::run(
+        shared.telemetry.subscribe_notable(),
+        Arc::clone(&muted),
+        stop.clone(),
+        open,
+    ));
     let t = tray::build(app.handle(), &endpoint, muted.load(std::sync::atomic::Ordering::Relaxed))?;
     let _ = app.state::<Shell>().tray.set(t);
     tauri::async_runtime::spawn(keep_tray(app.handle().clone()));
@@ -203,10 +208,11 @@ fn setup(app: &mut tauri::App, source: start::Source) -> Result<(), Box<dyn std:
     Ok(())
 }
 
-/// Keep the tray in step: on every bus event, on a kick, and every second (in-flight counts).
+/// Keep the tray in step: on every notable bus event, on a kick, and every second (in-flight
+/// counts, requests).
 async fn keep_tray(app: AppHandle) {
     let shell = app.state::<Shell>();
-    let mut events = shell.shared.telemetry.subscribe();
+    let mut events = shell.shared.telemetry.subscribe_notable();
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
         tokio::select! {

@@ -55,7 +55,7 @@ pub async fn run(config: Option<&Path>, notify: bool, listen: Option<&str>, admi
     let stop_notices = tokio_util::sync::CancellationToken::new();
     if notify {
         let muted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        tokio::spawn(corral::alerts::run(broker.shared().telemetry.subscribe(), muted, stop_notices.clone()));
+        tokio::spawn(corral::alerts::run(broker.shared().telemetry.subscribe_notable(), muted, stop_notices.clone()));
         tracing::info!("desktop notifications on");
     }
     super::wait_for_signal().await;
