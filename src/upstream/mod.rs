@@ -107,8 +107,21 @@ impl<'a> Upstream<'a> {
 /// Whether a path segment is `.` or `..`, also percent-encoded (`%2e`, `.%2E`): a URL parser
 /// resolves all of them.
 fn is_dot_segment(seg: &str) -> bool {
-    let s = seg.to_ascii_lowercase().replace("%2e", ".");
-    s == "." || s == ".."
+    // Read dot by dot, without the two strings a lowercase-and-replace made per segment of
+    // every forwarded request's path.
+    let (mut rest, mut dots) = (seg.as_bytes(), 0);
+    while !rest.is_empty() {
+        rest = match rest {
+            [b'.', more @ ..] => more,
+            [b'%', b'2', e, more @ ..] if e.eq_ignore_ascii_case(&b'e') => more,
+            _ => return false,
+        };
+        dots += 1;
+        if dots > 2 {
+            return false;
+        }
+    }
+    dots > 0
 }
 
 /// Whether a request path could climb out of the base path it is joined to, or mean something
@@ -372,6 +385,15 @@ impl Upstream<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// The dot-by-dot reading agrees with lowercasing and replacing `%2e`.
+        #[test]
+        fn dot_segments_read_as_lowercase_and_replace_did(seg in "[.%2eEx]{0,7}") {
+            let reference = { let s = seg.to_ascii_lowercase().replace("%2e", "."); s == "." || s == ".." };
+            proptest::prop_assert_eq!(is_dot_segment(&seg), reference, "{}", seg);
+        }
+    }
 
     #[test]
     fn paths_that_climb_are_refused_and_plain_ones_pass() {
