@@ -50,19 +50,22 @@ impl Timing {
     /// The timing fields at the end of an answer (Ollama's final line, or OpenAI's usage event
     /// followed by `[DONE]`), scanning from the back: the last occurrence of each field wins.
     pub fn from_tail(tail: &[u8]) -> Self {
-        let [prompt_eval_count, prompt_tokens, prompt_eval_duration, eval_count, completion_tokens, eval_duration, load] =
-            last_numbers(
-                tail,
-                [
-                    b"\"prompt_eval_count\"",
-                    b"\"prompt_tokens\"",
-                    b"\"prompt_eval_duration\"",
-                    b"\"eval_count\"",
-                    b"\"completion_tokens\"",
-                    b"\"eval_duration\"",
-                    b"\"load_duration\"",
-                ],
-            );
+        const KEYS: [&[u8]; 7] = [
+            b"\"prompt_eval_count\"",
+            b"\"prompt_eval_duration\"",
+            b"\"eval_count\"",
+            b"\"eval_duration\"",
+            b"\"load_duration\"",
+            b"\"prompt_tokens\"",
+            b"\"completion_tokens\"",
+        ];
+        // OpenAI's names are read only where Ollama's counts are missing: an Ollama tail (its
+        // last line has all five of its own) stops the walk at that line.
+        let enough = |seen: &[bool; 7], got: &[Option<u64>; 7]| {
+            seen[..5].iter().all(|s| *s) && got[0].is_some() && got[2].is_some()
+        };
+        let [prompt_eval_count, prompt_eval_duration, eval_count, eval_duration, load, prompt_tokens, completion_tokens] =
+            last_numbers(tail, KEYS, enough);
         Timing {
             prompt_tokens: prompt_eval_count.or(prompt_tokens),
             prompt: prompt_eval_duration.map(Duration::from_nanos),
@@ -86,20 +89,26 @@ impl Timing {
 }
 
 /// For each quoted key, the unsigned integer after its last `"key":` in `hay` (as
-/// [`last_number`] finds it), in one backward walk over the colons: five separate searches
-/// each built a substring finder, a tenth of the broker's own instructions per request
-/// (callgrind, issue 16).
-pub fn last_numbers<const N: usize>(hay: &[u8], keys: [&[u8]; N]) -> [Option<u64>; N] {
+/// [`last_number`] finds it), in one backward walk over the colons that stops once every key
+/// is seen or `enough` says the rest cannot matter: five separate searches each built a
+/// substring finder, a tenth of the broker's own instructions per request (callgrind, issue 16).
+pub fn last_numbers<const N: usize>(
+    hay: &[u8],
+    keys: [&[u8]; N],
+    enough: impl Fn(&[bool; N], &[Option<u64>; N]) -> bool,
+) -> [Option<u64>; N] {
     let mut out = [None; N];
     let mut seen = [false; N];
-    let mut left = N;
     for colon in memchr::memrchr_iter(b':', hay) {
+        // Every key ends in a quote: most colons (inside text, after other values) stop here.
+        if colon == 0 || hay[colon - 1] != b'"' {
+            continue;
+        }
         let before = &hay[..colon];
         let Some(i) = (0..N).find(|&i| !seen[i] && before.ends_with(keys[i])) else { continue };
         seen[i] = true;
         out[i] = number_at(&hay[colon + 1..]);
-        left -= 1;
-        if left == 0 {
+        if seen.iter().all(|s| *s) || enough(&seen, &out) {
             break;
         }
     }
@@ -271,6 +280,10 @@ mod tests {
                     proptest::strategy::Just(&b"\"eval_duration\":"[..]),
                     proptest::strategy::Just(&b"eval_count\":"[..]),
                     proptest::strategy::Just(&b"\"load_duration\" :"[..]),
+                    proptest::strategy::Just(&b"\"load_duration\":"[..]),
+                    proptest::strategy::Just(&b"\"prompt_eval_duration\":"[..]),
+                    proptest::strategy::Just(&b"\"prompt_tokens\":"[..]),
+                    proptest::strategy::Just(&b"\"completion_tokens\": "[..]),
                     proptest::strategy::Just(&b"12"[..]),
                     proptest::strategy::Just(&b"x"[..]),
                     proptest::strategy::Just(&b","[..]),
@@ -281,8 +294,17 @@ mod tests {
             )
         ) {
             let hay: Vec<u8> = pieces.concat();
+            let num = |key: &[u8]| last_number(&hay, key);
+            let reference = Timing {
+                prompt_tokens: num(b"\"prompt_eval_count\":").or_else(|| num(b"\"prompt_tokens\":")),
+                prompt: num(b"\"prompt_eval_duration\":").map(Duration::from_nanos),
+                eval_tokens: num(b"\"eval_count\":").or_else(|| num(b"\"completion_tokens\":")),
+                eval: num(b"\"eval_duration\":").map(Duration::from_nanos),
+                load: num(b"\"load_duration\":").map(Duration::from_nanos),
+            };
+            proptest::prop_assert_eq!(Timing::from_tail(&hay), reference, "{}", String::from_utf8_lossy(&hay));
             let keys: [&[u8]; 4] = [b"\"eval_count\"", b"\"prompt_eval_count\"", b"\"eval_duration\"", b"\"load_duration\""];
-            let walked = last_numbers(&hay, keys);
+            let walked = last_numbers(&hay, keys, |_, _| false);
             for (key, got) in keys.iter().zip(walked) {
                 let with_colon = [*key, b":"].concat();
                 proptest::prop_assert_eq!(got, last_number(&hay, &with_colon), "{}", String::from_utf8_lossy(&hay));
