@@ -19,6 +19,7 @@ pub mod error;
 pub mod ewma;
 pub mod fleet;
 pub mod health;
+pub mod log_format;
 pub mod log_writer;
 pub mod node;
 pub mod openapi;
