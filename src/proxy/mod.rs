@@ -28,7 +28,6 @@ mod relay;
 mod resume;
 pub mod routes;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,14 +65,13 @@ pub fn router(state: ProxyState) -> axum::Router {
 
 /// Every request: CORS (`browser::cors`) around the handler.
 ///
-/// Boxed here, once: the request's future is about 10 KB (every await point of the path below
-/// it), and axum moves a handler's future by value several times before it first runs; a box
-/// makes each of those moves a pointer's copy (callgrind: 20 KB of memcpy per request less).
-fn entry(State(state): State<ProxyState>, req: Request) -> std::pin::Pin<Box<dyn Future<Output = Response> + Send>> {
-    Box::pin(async move {
-        let listener = Arc::clone(&state.listener);
-        browser::cors(&listener, req, |req| handle(state, req)).await
-    })
+/// The handler's future is boxed where it is made, once: it is about 10 KB (every await point
+/// of the path below it), and a future is copied whole each time it is moved, which axum and
+/// `cors` would do several times; boxed, each of those moves copies a pointer (callgrind: 20 KB
+/// of memcpy per request less).
+async fn entry(State(state): State<ProxyState>, req: Request) -> Response {
+    let listener = Arc::clone(&state.listener);
+    browser::cors(&listener, req, |req| Box::pin(handle(state, req))).await
 }
 
 /// Whether a request changes what the nodes hold (pull, delete, create, copy, push, blobs):
