@@ -306,6 +306,12 @@ impl Admission {
             Err(e) => return Placement::Impossible(e),
         };
         let now = Instant::now();
+        if ticket.router.policy() == Policy::FastestFinish
+            && candidates.iter().all(|n| !n.held_off(now) && n.breaker_allows(now))
+        {
+            // Nothing to narrow (the common case): one pass over the candidates, not two.
+            return self.place_planned(ticket, &candidates, false, board, now);
+        }
         // A node that answered 429 sits out its Retry-After while any other can serve.
         let ready = match narrow(&candidates, |n| !n.held_off(now)) {
             Cow::Owned(ready) if ready.is_empty() => Cow::Borrowed(&candidates[..]),
@@ -369,9 +375,7 @@ impl Admission {
         board: &mut Board,
         now: Instant,
     ) -> Placement {
-        let model = ticket.model.as_deref();
-        let key = model.map(crate::config::model_key);
-        let key = key.as_deref();
+        let (model, key) = (ticket.model.as_deref(), ticket.key.as_deref());
         let model_ref = key.map(crate::node::ModelRef::new);
         let Some(plan) = board.plan(eligible, key, &ticket.work, now, |n| route::occupancy(n, model_ref)) else {
             return Placement::Full;

@@ -34,7 +34,7 @@ use crate::breaker::{Breaker, BreakerPolicy, BreakerState, Permit};
 use crate::config::{model_key, normalize_model, Config, NodeConfig};
 use crate::ewma::PeakEwma;
 use crate::outcome::Outcome;
-use crate::speed::{Book, Speed, Timing};
+use crate::speed::{Book, Card, Cards, Pace, Speed, Timing};
 
 /// Liveness as the probes and passive signals see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -265,6 +265,8 @@ pub struct Node {
     served: AtomicUsize,
     /// Prefill, decode and load speed per model key, learned from finished answers.
     speed: Mutex<Book>,
+    /// `speed` for routing to read without its lock: see `Cards`.
+    cards: Cards,
     /// The expected end of each running request that has one (slot id, end): when a slot frees.
     timetable: Mutex<Vec<(u64, Instant)>>,
     next_slot: AtomicU64,
@@ -397,6 +399,7 @@ impl Node {
             context: ArcSwap::from_pointee(HashMap::new()),
             served: AtomicUsize::new(0),
             speed: Mutex::new(Book::default()),
+            cards: Cards::default(),
             timetable: Mutex::new(Vec::new()),
             next_slot: AtomicU64::new(1),
             wake,
@@ -762,12 +765,33 @@ impl Node {
 
     /// What a finished answer of `model` said about this node's speed.
     pub fn observe_speed(&self, model: &str, timing: &Timing, now: Instant) {
-        lock(&self.speed).observe(&model_key(model), timing, now);
+        let key = model_key(model);
+        let mut book = lock(&self.speed);
+        let estimate = book.observe(&key, timing, now);
+        self.cards.publish(ModelRef::new(&key).hash, &estimate);
+    }
+
+    /// `speed_of_key(model.key, now)`, from the published cards where they can say, without
+    /// the lock (`at` is `crate::speed::stamp(now)`, taken once per decision).
+    #[inline]
+    pub fn speed_of(&self, model: ModelRef<'_>, now: Instant, at: i64) -> Option<Speed> {
+        match self.cards.read(model.hash, at) {
+            Card::Speed(s) => Some(s),
+            Card::Never => None,
+            Card::AskTheBook => self.speed_of_key(model.key, now),
+        }
     }
 
     /// The speed estimate for `model` (by key); `None` when it never answered here.
     pub fn speed_of_key(&self, key: &str, now: Instant) -> Option<Speed> {
         lock(&self.speed).read(key, now)
+    }
+
+    /// `Pace::of(speed_of(..))` from the published card, when it can say (`None`: ask
+    /// `speed_of`). `at` is `crate::speed::stamp(now)`.
+    #[inline]
+    pub fn pace_of(&self, model: ModelRef<'_>, at: i64) -> Option<Pace> {
+        self.cards.pace(model.hash, at)
     }
 
     /// Every model's speed estimate, by model key.

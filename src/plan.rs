@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::node::Node;
-use crate::speed::Speed;
+use crate::node::{ModelRef, Node};
+use crate::speed::{Pace, Speed};
 
 /// Decode speed assumed when no candidate has an estimate for the model.
 pub const DEFAULT_DECODE_TPS: f64 = 30.0;
@@ -40,6 +40,7 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// A model that answered on a node this recently is taken as still loaded there (Ollama's
 /// default `keep_alive`).
 pub const RESIDENT_FOR: Duration = Duration::from_secs(5 * 60);
+const RESIDENT_NANOS: i64 = RESIDENT_FOR.as_nanos() as i64;
 
 /// How much work a request is, as far as it can be told before it runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -66,22 +67,77 @@ struct Fallback {
 }
 
 impl Fallback {
-    fn of<'a>(speeds: impl Iterator<Item = &'a Speed> + Clone) -> Self {
-        let best = |f: fn(&Speed) -> Option<f64>| {
-            speeds.clone().filter_map(f).fold(None, |a: Option<f64>, v| Some(a.map_or(v, |a| a.max(v))))
-        };
-        Self { decode_tps: best(|s| s.decode_tps).unwrap_or(DEFAULT_DECODE_TPS), prefill_tps: best(|s| s.prefill_tps) }
+    fn of<'a>(speeds: impl Iterator<Item = &'a Speed>) -> Self {
+        let mut seen = Self::start();
+        speeds.for_each(|s| seen.take(s));
+        seen.finish()
+    }
+
+    /// Nothing seen yet: `take` each candidate's speed, then `finish`.
+    fn start() -> Self {
+        Self { decode_tps: f64::NAN, prefill_tps: None }
+    }
+
+    fn take(&mut self, s: &Speed) {
+        let max = |a: f64, v: f64| if a.is_nan() { v } else { a.max(v) };
+        if let Some(v) = s.decode_tps {
+            self.decode_tps = max(self.decode_tps, v);
+        }
+        if let Some(v) = s.prefill_tps {
+            self.prefill_tps = Some(self.prefill_tps.map_or(v, |a| a.max(v)));
+        }
+    }
+
+    /// With no decode speed seen, `DEFAULT_DECODE_TPS`.
+    fn finish(self) -> Self {
+        Self { decode_tps: if self.decode_tps.is_nan() { DEFAULT_DECODE_TPS } else { self.decode_tps }, ..self }
     }
 }
 
-/// How long `work` takes on a node whose estimate is `speed`, once it has a slot.
-fn service(speed: Option<&Speed>, resident: bool, work: &Work, fallback: Fallback) -> Duration {
-    let s = speed.copied().unwrap_or_default();
-    let decode = s.decode_tps.unwrap_or(fallback.decode_tps).max(0.001);
-    let output = work.output_tokens.map(|n| n as f64).or(s.typical_output_tokens).unwrap_or(DEFAULT_OUTPUT_TOKENS);
-    let prefill = s.prefill_tps.or(fallback.prefill_tps).map_or(0.0, |p| work.prompt_tokens as f64 / p.max(0.001));
-    let load = if resident { 0.0 } else { s.load_ms.unwrap_or(0.0) / 1000.0 };
-    Duration::from_secs_f64((output / decode + prefill + load).min(24.0 * 3600.0))
+/// Whether `work`'s cost at `pace` needs the other nodes' speeds (`Fallback`).
+fn lacks(pace: &Pace, work: &Work) -> bool {
+    pace.per_output.is_nan() || (pace.per_prompt.is_nan() && work.prompt_tokens > 0)
+}
+
+/// Reads the candidates' speeds for one decision: the model hashed and the clock stamped once.
+struct Reader<'a> {
+    model: Option<ModelRef<'a>>,
+    now: Instant,
+    at: i64,
+}
+
+impl<'a> Reader<'a> {
+    fn new(key: Option<&'a str>, now: Instant) -> Self {
+        Self { model: key.map(ModelRef::new), now, at: crate::speed::stamp(now) }
+    }
+
+    #[inline]
+    fn speed(&self, n: &Node) -> Option<Speed> {
+        self.model.and_then(|m| n.speed_of(m, self.now, self.at))
+    }
+
+    /// The node's pace: from its card, else from its book.
+    #[inline]
+    fn pace(&self, n: &Node) -> Pace {
+        let Some(m) = self.model else { return Pace::UNKNOWN };
+        n.pace_of(m, self.at).unwrap_or_else(|| self.speed(n).map_or(Pace::UNKNOWN, |s| Pace::of(&s)))
+    }
+}
+
+/// How long `work` takes at `pace` once it has a slot, in whole nanoseconds (truncated: a
+/// plain conversion, cheaper per candidate than `Duration::from_secs_f64`'s exact rounding,
+/// and no estimate is that exact).
+#[inline(always)]
+fn service(pace: &Pace, resident: bool, work: &Work, fallback: Fallback) -> u64 {
+    let known = |v: f64| Some(v).filter(|v| !v.is_nan());
+    let per_output = known(pace.per_output).unwrap_or_else(|| 1.0 / fallback.decode_tps.max(0.001));
+    let output = work.output_tokens.map(|n| n as f64).or(known(pace.typical_output)).unwrap_or(DEFAULT_OUTPUT_TOKENS);
+    let per_prompt = known(pace.per_prompt).or_else(|| fallback.prefill_tps.map(|p| 1.0 / p.max(0.001)));
+    let prefill = per_prompt.map_or(0.0, |p| work.prompt_tokens as f64 * p);
+    let load = if resident { 0.0 } else { known(pace.load).unwrap_or(0.0) };
+    // At most a day, never negative or NaN (every factor is a positive number): inside i64
+    // nanoseconds, whose conversion is one instruction (u64's is several).
+    ((output * per_output + prefill + load).min(24.0 * 3600.0) * 1e9) as i64 as u64
 }
 
 /// The chosen candidate: where, when it starts and ends, and how long it runs.
@@ -147,55 +203,74 @@ impl Board {
 
     /// What `work` would cost on each of `nodes` (in order), given the bookings so far.
     pub fn quotes(&mut self, nodes: &[Arc<Node>], key: Option<&str>, work: &Work, now: Instant) -> Vec<Quote> {
-        let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| key.and_then(|k| n.speed_of_key(k, now))).collect();
+        let reader = Reader::new(key, now);
+        let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| reader.speed(n)).collect();
         let fallback = Fallback::of(speeds.iter().flatten());
-        nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, s.as_ref(), key, work, now, fallback)).collect()
+        nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, s.as_ref(), &reader, work, fallback)).collect()
     }
 
     /// `quotes(nodes, ..)[i]`, looking at the other nodes only when `nodes[i]` has no speed of
     /// its own to go by (the fallback is the best of theirs).
     pub fn quote_one(&mut self, nodes: &[Arc<Node>], i: usize, key: Option<&str>, work: &Work, now: Instant) -> Quote {
-        let own = key.and_then(|k| nodes[i].speed_of_key(k, now));
-        let prefill_needed = work.prompt_tokens > 0;
-        let fallback = match own {
-            Some(s) if s.decode_tps.is_some() && (s.prefill_tps.is_some() || !prefill_needed) => {
-                Fallback::of(std::iter::empty())
-            }
-            _ => {
-                let theirs: Vec<Speed> =
-                    nodes.iter().filter_map(|n| key.and_then(|k| n.speed_of_key(k, now))).collect();
-                Fallback::of(theirs.iter())
-            }
+        let reader = Reader::new(key, now);
+        let own = reader.speed(&nodes[i]);
+        let fallback = if own.as_ref().is_some_and(|s| !lacks(&Pace::of(s), work)) {
+            Fallback::of(std::iter::empty())
+        } else {
+            let theirs: Vec<Speed> = nodes.iter().filter_map(|n| reader.speed(n)).collect();
+            Fallback::of(theirs.iter())
         };
-        self.quote(&nodes[i], own.as_ref(), key, work, now, fallback)
+        self.quote(&nodes[i], own.as_ref(), &reader, work, fallback)
     }
 
     fn quote(
         &mut self,
         n: &Arc<Node>,
         s: Option<&Speed>,
-        key: Option<&str>,
+        reader: &Reader<'_>,
         work: &Work,
-        now: Instant,
         fallback: Fallback,
     ) -> Quote {
-        let resident = key.is_some_and(|k| n.has_hot_key(k))
-            || s.and_then(|s| s.last).is_some_and(|at| now.saturating_duration_since(at) < RESIDENT_FOR);
-        let service = service(s, resident, work, fallback);
+        let pace = s.map_or(Pace::UNKNOWN, Pace::of);
+        let (wait, service) = self.price(n, &pace, reader, work, fallback);
+        Quote { start: reader.now + Duration::from_nanos(wait), service: Duration::from_nanos(service) }
+    }
+
+    /// `quote` as nanoseconds from `now`: (the wait for a slot, the service). What `plan`
+    /// compares for every candidate, in integers rather than instants.
+    #[inline(always)]
+    fn price(
+        &mut self,
+        n: &Arc<Node>,
+        pace: &Pace,
+        reader: &Reader<'_>,
+        work: &Work,
+        fallback: Fallback,
+    ) -> (u64, u64) {
+        let now = reader.now;
+        // A model that answered here within `RESIDENT_FOR` (or later than `now`) is resident.
+        let recent = pace.last != i64::MIN && reader.at.saturating_sub(pace.last) < RESIDENT_NANOS;
+        let resident = recent || reader.model.is_some_and(|m| n.loaded_facts(m).0);
+        let service = service(pace, resident, work, fallback);
         // A node with a free slot and nothing booked on it this walk starts now: its lane
         // (one entry per slot) is built only once something is booked there.
         let key_of = Arc::as_ptr(n) as usize;
         if n.in_flight() < n.slots().max(1) && (self.lanes.is_empty() || !self.lanes.contains_key(&key_of)) {
-            return Quote { start: now, service };
+            return (0, service);
         }
-        let lane = self.lane(n, now, service);
+        let lane = self.lane(n, now, Duration::from_nanos(service));
         let start = lane.iter().min().copied().unwrap_or(now).max(now);
-        Quote { start, service }
+        (u64::try_from((start - now).as_nanos()).unwrap_or(u64::MAX), service)
     }
 
     /// The candidate with the earliest finish; ties go to the one that starts first, then to
     /// the lower `rank` (occupancy: loaded-and-idle first), then to fewer in flight (so nodes
     /// that are all unknown yet share the first requests and all get learned), then config order.
+    ///
+    /// One pass over the candidates, each priced from its lock-free card; a node with no speed
+    /// of its own is priced with the best of the others' (`Fallback`), known only once all are
+    /// read, so such nodes (new ones, mostly none) wait for a second pass. Same choice as the
+    /// minimum of `quotes`.
     pub fn plan(
         &mut self,
         nodes: &[Arc<Node>],
@@ -204,12 +279,47 @@ impl Board {
         now: Instant,
         rank: impl Fn(&Node) -> u8,
     ) -> Option<Plan> {
-        let quotes = self.quotes(nodes, key, work, now);
-        let (index, q) = quotes
-            .iter()
-            .enumerate()
-            .min_by_key(|(i, q)| (q.start + q.service, q.start, rank(&nodes[*i]), nodes[*i].in_flight(), *i))?;
-        Some(Plan { index, start: q.start, finish: q.start + q.service, service: q.service })
+        let reader = Reader::new(key, now);
+        // (index, wait, service), in nanoseconds from `now`.
+        let mut best: Option<(usize, u64, u64)> = None;
+        let mut consider = |i: usize, (wait, service): (u64, u64)| {
+            let better = match best {
+                None => true,
+                Some((b, best_wait, best_service)) => {
+                    let finish = wait.saturating_add(service);
+                    match (finish, wait).cmp(&(best_wait.saturating_add(best_service), best_wait)) {
+                        std::cmp::Ordering::Less => true,
+                        std::cmp::Ordering::Greater => false,
+                        std::cmp::Ordering::Equal => {
+                            let tie = |i: usize| (rank(&nodes[i]), nodes[i].in_flight(), i);
+                            tie(i) < tie(b)
+                        }
+                    }
+                }
+            };
+            if better {
+                best = Some((i, wait, service));
+            }
+        };
+        let mut lacking = Vec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let pace = reader.pace(n);
+            if lacks(&pace, work) {
+                lacking.push((i, pace));
+            } else {
+                // The fallback is not used for a node that lacks nothing.
+                consider(i, self.price(n, &pace, &reader, work, Fallback::start()));
+            }
+        }
+        if !lacking.is_empty() {
+            let fallback = Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)).collect::<Vec<_>>().iter());
+            for (i, pace) in lacking {
+                consider(i, self.price(&nodes[i], &pace, &reader, work, fallback));
+            }
+        }
+        let (index, wait, service) = best?;
+        let (start, service) = (now + Duration::from_nanos(wait), Duration::from_nanos(service));
+        Some(Plan { index, start, finish: start + service, service })
     }
 
     /// Count `plan` on its node's earliest slot, so no later plan in this walk counts it.
@@ -316,5 +426,71 @@ mod tests {
         assert_eq!(w.output_tokens, Some(64));
         assert_eq!(Work::of(br#"{"model":"m","max_tokens":9}"#).output_tokens, Some(9));
         assert_eq!(Work::of(br#"{"model":"m"}"#).output_tokens, None);
+    }
+
+    proptest::proptest! {
+        /// The one-pass `plan` chooses what the minimum of `quotes` by the documented order
+        /// chooses, on fleets with unknown speeds (the fallback's second pass), busy nodes,
+        /// loaded models and ties.
+        #[test]
+        fn plan_is_the_earliest_finish_among_the_quotes(
+            fleet in proptest::collection::vec(
+                (proptest::option::of(1u64..4), proptest::option::of(1u64..4), 1u32..3, 0usize..3, proptest::bool::ANY),
+                1..8,
+            ),
+            prompt_tokens in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..2000],
+            output in proptest::option::of(1u64..500),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("rt");
+            rt.block_on(async {
+                let cfgs: Vec<NodeConfig> = (0..fleet.len())
+                    .map(|i| NodeConfig {
+                        name: format!("n{i}"),
+                        url: format!("http://127.0.0.1:{}", 1000 + i),
+                        max_concurrency: fleet[i].2,
+                        ..NodeConfig::default()
+                    })
+                    .collect();
+                let reg = Registry::new(&cfgs, NodeTuning::default()).expect("valid urls");
+                let now = Instant::now();
+                let mut running = Vec::new();
+                for (n, (decode, prefill, _, busy, hot)) in reg.all().iter().zip(&fleet) {
+                    // Speeds from a few values only, so ties happen.
+                    let second = Some(Duration::from_secs(1));
+                    let t = Timing {
+                        prompt_tokens: prefill.map(|p| p * 500),
+                        prompt: prefill.map(|_| Duration::from_secs(1)),
+                        eval_tokens: decode.map(|d| d * 20),
+                        eval: decode.and(second),
+                        load: None,
+                    };
+                    if decode.is_some() || prefill.is_some() {
+                        n.observe_speed("m", &t, now);
+                    }
+                    if *hot {
+                        n.set_loaded(vec![crate::node::LoadedModel { name: "m:latest".into(), size: 1, size_vram: 1, context_length: None }]);
+                    }
+                    for _ in 0..*busy {
+                        if let Some(mut g) = n.try_dispatch(false) {
+                            g.plan(Some("m"), Some(now + Duration::from_secs(3)));
+                            running.push(g);
+                        }
+                    }
+                }
+                let nodes = reg.all();
+                let work = Work { prompt_tokens, output_tokens: output };
+                let model = Some(ModelRef::new("m:latest"));
+                let rank = |n: &Node| crate::route::occupancy(n, model);
+                let got = Board::new().plan(&nodes, Some("m:latest"), &work, now, rank).expect("a plan");
+                let quotes = Board::new().quotes(&nodes, Some("m:latest"), &work, now);
+                let (index, q) = quotes
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(i, q)| (q.start + q.service, q.start, rank(&nodes[*i]), nodes[*i].in_flight(), *i))
+                    .expect("a quote");
+                proptest::prop_assert_eq!(got, Plan { index, start: q.start, finish: q.start + q.service, service: q.service });
+                Ok(())
+            })?;
+        }
     }
 }

@@ -19,6 +19,7 @@
 //! exchange; nothing here runs per chunk.
 
 use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -193,7 +194,55 @@ pub struct Speed {
     pub last: Option<Instant>,
 }
 
+/// A speed as time per token, what finish-time planning multiplies by (`crate::plan`): one
+/// division per candidate per decision was most of what `fastest-finish` spent once the lock
+/// was gone. NaN for unknown, so a card stores it as plain words.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pace {
+    /// Seconds per generated token.
+    pub per_output: f64,
+    /// Seconds per prompt token.
+    pub per_prompt: f64,
+    /// Seconds a cold load takes.
+    pub load: f64,
+    /// Output tokens of a typical answer.
+    pub typical_output: f64,
+    /// `stamp` of the last answer; `i64::MIN` for none.
+    pub last: i64,
+}
+
+impl Pace {
+    pub const UNKNOWN: Pace =
+        Pace { per_output: f64::NAN, per_prompt: f64::NAN, load: f64::NAN, typical_output: f64::NAN, last: i64::MIN };
+
+    /// Per-token times from `s`; a speed is taken as at least 0.001 tokens/s.
+    pub fn of(s: &Speed) -> Self {
+        let per = |tps: Option<f64>| tps.map_or(f64::NAN, |v| 1.0 / v.max(0.001));
+        Self {
+            per_output: per(s.decode_tps),
+            per_prompt: per(s.prefill_tps),
+            load: s.load_ms.map_or(f64::NAN, |ms| ms / 1000.0),
+            typical_output: s.typical_output_tokens.unwrap_or(f64::NAN),
+            last: s.last.map_or(i64::MIN, stamp),
+        }
+    }
+}
+
 impl Estimate {
+    /// What `read` says at any instant while every field is within `FRESH_FOR`.
+    fn fresh(&self) -> Speed {
+        let v = |l: Option<Learned>| l.map(|l| l.value);
+        Speed {
+            prefill_tps: v(self.prefill),
+            decode_tps: v(self.decode),
+            load_ms: v(self.load),
+            typical_output_tokens: v(self.output),
+            confidence: if self.decode.is_some() { 1.0 } else { 0.0 },
+            samples: self.samples,
+            last: self.last,
+        }
+    }
+
     pub fn observe(&mut self, t: &Timing, now: Instant) {
         let rate = |n: Option<u64>, d: Option<Duration>| match (n, d) {
             (Some(n), Some(d)) if n > 0 && !d.is_zero() => Some(n as f64 / d.as_secs_f64()),
@@ -235,12 +284,15 @@ pub struct Book {
 }
 
 impl Book {
-    pub fn observe(&mut self, model: &str, t: &Timing, now: Instant) {
+    /// Fold `t` into `model`'s estimate; returns the estimate as it now stands.
+    pub fn observe(&mut self, model: &str, t: &Timing, now: Instant) -> Estimate {
         // Allocates a key only the first time a model is seen.
-        match self.models.get_mut(model) {
-            Some(e) => e.observe(t, now),
-            None => self.models.entry(model.to_string()).or_default().observe(t, now),
-        }
+        let e = match self.models.get_mut(model) {
+            Some(e) => e,
+            None => self.models.entry(model.to_string()).or_default(),
+        };
+        e.observe(t, now);
+        *e
     }
 
     pub fn read(&self, model: &str, now: Instant) -> Option<Speed> {
@@ -252,6 +304,201 @@ impl Book {
         let mut v: Vec<_> = self.models.iter().map(|(k, e)| (k.clone(), e.read(now))).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
+    }
+}
+
+/// How many models' estimates a node publishes for reading without its lock (`Cards`); the
+/// estimates of a node's further models are read from its book.
+pub const CARDS: usize = 4;
+
+/// The instant `stamp`s count from (any fixed instant will do; earlier ones are negative).
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// `at` as signed nanoseconds from a fixed instant: what `Cards` store instants as, and what
+/// a reader passes once per decision rather than once per card.
+pub fn stamp(at: Instant) -> i64 {
+    let e = epoch();
+    let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    if at >= e {
+        nanos(at - e)
+    } else {
+        -nanos(e - at)
+    }
+}
+
+fn unstamp(n: i64) -> Instant {
+    let e = epoch();
+    let d = Duration::from_nanos(n.unsigned_abs());
+    if n >= 0 {
+        e + d
+    } else {
+        e - d
+    }
+}
+
+/// What a `Cards` lookup found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Card {
+    /// The estimate, exactly as `Book::read` reads it now.
+    Speed(Speed),
+    /// The model never answered on this node (a free card is left, so it would have one).
+    Never,
+    /// The cards cannot say (the model has no card, the estimate has aged, a write was under
+    /// way): read the book.
+    AskTheBook,
+}
+
+/// A node's estimates as routing reads them: for up to `CARDS` models, the estimate copied out
+/// after every `Book::observe` behind a sequence lock, so `fastest-finish` reads every
+/// candidate's speed with a few loads, without the node's lock or hashing a model name (the
+/// lock and the name hash per candidate were most of a 10 µs decision at 100 nodes, issue 16).
+/// Written only under the book's lock (one writer at a time); a card is read as fresh only
+/// while every field of it is within `FRESH_FOR`, where `Book::read` applies no decay, so
+/// the two read alike.
+#[derive(Debug, Default)]
+pub struct Cards {
+    cards: [CardSlot; CARDS],
+}
+
+/// One model's card. What `Cards::pace` reads comes first and fills one cache line.
+#[derive(Debug, Default)]
+#[repr(C, align(64))]
+struct CardSlot {
+    /// Odd while the writer copies; a reader that sees it odd or changed asks the book.
+    seq: AtomicU64,
+    /// The model's signature (never 0: 0 is a free card).
+    sig: AtomicU64,
+    /// Stamp past which some field of the estimate has aged and the book must decay it.
+    fresh_until: AtomicI64,
+    /// Stamp of the last answer; `i64::MIN` for none.
+    last: AtomicI64,
+    /// `Pace::of` the estimate, f64 bits.
+    per_output: AtomicU64,
+    per_prompt: AtomicU64,
+    load_s: AtomicU64,
+    /// The estimate's fields, f64 bits; NaN for unknown.
+    output: AtomicU64,
+    prefill: AtomicU64,
+    decode: AtomicU64,
+    load: AtomicU64,
+    samples: AtomicU64,
+}
+
+const NONE_F64: u64 = 0x7ff8_0000_0000_0000;
+
+impl Cards {
+    /// The model signatures `Card` compares by: never 0, which marks a free card.
+    fn sig(sig: u64) -> u64 {
+        sig.max(1)
+    }
+
+    /// Publish `e`, `sig`'s estimate as it now stands. Call with the book's lock held.
+    pub fn publish(&self, sig: u64, e: &Estimate) {
+        let sig = Self::sig(sig);
+        let slot = self.cards.iter().find(|c| c.sig.load(Ordering::Relaxed) == sig).or_else(|| {
+            self.cards.iter().find(|c| c.sig.load(Ordering::Relaxed) == 0).or_else(|| {
+                // All taken: the card whose model answered least recently goes to this one.
+                self.cards.iter().min_by_key(|c| c.last.load(Ordering::Relaxed))
+            })
+        });
+        let Some(slot) = slot else { return };
+        let fields = [e.prefill, e.decode, e.load, e.output];
+        let fresh_for = i64::try_from(FRESH_FOR.as_nanos()).unwrap_or(i64::MAX);
+        let fresh_until = fields.iter().flatten().map(|l| stamp(l.at).saturating_add(fresh_for)).min();
+        let f = |l: Option<Learned>| l.map_or(NONE_F64, |l| l.value.to_bits());
+        let pace = Pace::of(&e.fresh());
+        let seq = slot.seq.load(Ordering::Relaxed);
+        slot.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        slot.sig.store(sig, Ordering::Relaxed);
+        slot.fresh_until.store(fresh_until.unwrap_or(i64::MAX), Ordering::Relaxed);
+        slot.last.store(e.last.map_or(i64::MIN, stamp), Ordering::Relaxed);
+        slot.samples.store(e.samples, Ordering::Relaxed);
+        slot.prefill.store(f(e.prefill), Ordering::Relaxed);
+        slot.decode.store(f(e.decode), Ordering::Relaxed);
+        slot.load.store(f(e.load), Ordering::Relaxed);
+        slot.output.store(f(e.output), Ordering::Relaxed);
+        slot.per_output.store(pace.per_output.to_bits(), Ordering::Relaxed);
+        slot.per_prompt.store(pace.per_prompt.to_bits(), Ordering::Relaxed);
+        slot.load_s.store(pace.load.to_bits(), Ordering::Relaxed);
+        slot.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+
+    /// `sig`'s estimate at the instant whose `stamp` is `now` (taken once by the caller).
+    #[inline]
+    pub fn read(&self, sig: u64, now: i64) -> Card {
+        let sig = Self::sig(sig);
+        for slot in &self.cards {
+            let seq = slot.seq.load(Ordering::Acquire);
+            let held = slot.sig.load(Ordering::Relaxed);
+            if held == 0 {
+                // Cards fill in order and are never freed: a free one means no later one is
+                // taken either, unless a write to it is under way.
+                fence(Ordering::Acquire);
+                let settled = seq & 1 == 0 && slot.seq.load(Ordering::Relaxed) == seq;
+                return if settled { Card::Never } else { Card::AskTheBook };
+            }
+            if held != sig {
+                continue;
+            }
+            let fresh_until = slot.fresh_until.load(Ordering::Relaxed);
+            let last = slot.last.load(Ordering::Relaxed);
+            let samples = slot.samples.load(Ordering::Relaxed);
+            let value = |bits: u64| Some(f64::from_bits(bits)).filter(|v| !v.is_nan());
+            let (prefill, decode, load) = (
+                value(slot.prefill.load(Ordering::Relaxed)),
+                value(slot.decode.load(Ordering::Relaxed)),
+                value(slot.load.load(Ordering::Relaxed)),
+            );
+            let output = value(slot.output.load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
+            if seq & 1 == 1 || slot.seq.load(Ordering::Relaxed) != seq || now > fresh_until {
+                return Card::AskTheBook;
+            }
+            return Card::Speed(Speed {
+                prefill_tps: prefill,
+                decode_tps: decode,
+                load_ms: load,
+                typical_output_tokens: output,
+                confidence: if decode.is_some() { 1.0 } else { 0.0 },
+                samples,
+                last: (last != i64::MIN).then(|| unstamp(last)),
+            });
+        }
+        Card::AskTheBook
+    }
+
+    /// `Pace::of` what `read` would find, when it finds a `Card::Speed`; `None` otherwise
+    /// (read the book). The fewest loads: this runs for every candidate of a decision.
+    #[inline]
+    pub fn pace(&self, sig: u64, now: i64) -> Option<Pace> {
+        let sig = Self::sig(sig);
+        for slot in &self.cards {
+            let seq = slot.seq.load(Ordering::Acquire);
+            let held = slot.sig.load(Ordering::Relaxed);
+            if held != sig {
+                if held == 0 {
+                    return None;
+                }
+                continue;
+            }
+            let fresh_until = slot.fresh_until.load(Ordering::Relaxed);
+            let f = |w: &AtomicU64| f64::from_bits(w.load(Ordering::Relaxed));
+            let pace = Pace {
+                per_output: f(&slot.per_output),
+                per_prompt: f(&slot.per_prompt),
+                load: f(&slot.load_s),
+                typical_output: f(&slot.output),
+                last: slot.last.load(Ordering::Relaxed),
+            };
+            fence(Ordering::Acquire);
+            let settled = seq & 1 == 0 && slot.seq.load(Ordering::Relaxed) == seq;
+            return (settled && now <= fresh_until).then_some(pace);
+        }
+        None
     }
 }
 
@@ -386,5 +633,81 @@ mod tests {
         e.observe(&Timing { load: Some(Duration::from_millis(1500)), ..decode(10, 100) }, now);
         assert_eq!(e.read(now).load_ms, Some(1500.0));
         assert_eq!(e.read(now).samples, 2);
+    }
+
+    /// A book with its cards, as a node keeps them (signatures here: the model's index + 1).
+    fn observe(book: &mut Book, cards: &Cards, model: usize, t: &Timing, now: Instant) {
+        let e = book.observe(&format!("m{model}"), t, now);
+        cards.publish(model as u64 + 1, &e);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_card_reads_as_the_book_while_fresh_and_sends_the_reader_to_the_book_after() {
+        let (mut book, cards, start) = (Book::default(), Cards::default(), Instant::now());
+        assert_eq!(cards.read(1, stamp(start)), Card::Never, "nothing learned yet");
+        observe(&mut book, &cards, 0, &decode(40, 1000), start);
+        let read = |at: Instant| cards.read(1, stamp(at));
+        assert_eq!(read(start), Card::Speed(book.read("m0", start).expect("known")));
+        assert_eq!(read(start + FRESH_FOR), Card::Speed(book.read("m0", start + FRESH_FOR).expect("known")));
+        assert_eq!(read(start + FRESH_FOR + Duration::from_nanos(1)), Card::AskTheBook, "decay is the book's");
+        assert_eq!(cards.read(2, stamp(start)), Card::Never, "another model, a free card left");
+        // Five models on four cards: the one that answered least recently loses its card.
+        for m in 1..5 {
+            observe(&mut book, &cards, m, &decode(10 + m as u64, 1000), start + Duration::from_secs(m as u64));
+        }
+        assert_eq!(read(start + Duration::from_secs(5)), Card::AskTheBook, "m0's card went to m4");
+        let at = start + Duration::from_secs(5);
+        assert_eq!(cards.read(5, stamp(at)), Card::Speed(book.read("m4", at).expect("known")));
+        assert_eq!(cards.read(9, stamp(at)), Card::AskTheBook, "every card taken: only the book knows");
+    }
+
+    #[test]
+    fn stamps_round_trip_before_and_after_the_epoch() {
+        let now = Instant::now();
+        for at in [now, now + Duration::from_nanos(1), now - Duration::from_secs(3600), now + Duration::from_secs(1)] {
+            assert_eq!(unstamp(stamp(at)), at);
+        }
+        assert!(stamp(now - Duration::from_secs(1)) < stamp(now));
+    }
+
+    proptest::proptest! {
+        /// Whatever the cards say agrees with the book: any models (more than there are
+        /// cards), any timings, reads at any age, fresh or decayed.
+        #[test]
+        fn what_a_card_says_is_what_the_book_says(
+            steps in proptest::collection::vec(
+                (0usize..6, 0u64..400, 0u64..3000, 0u64..2000, 0u64..3000, 0u64..1500),
+                1..40,
+            ),
+            reads in proptest::collection::vec((0usize..7, 0u64..3000), 1..20),
+        ) {
+            let (mut book, cards, start) = (Book::default(), Cards::default(), Instant::now());
+            let mut now = start;
+            for (model, advance_s, prompt_ms, tokens, eval_ms, load_ms) in steps {
+                now += Duration::from_secs(advance_s);
+                let t = Timing {
+                    prompt_tokens: Some(tokens / 2),
+                    prompt: Some(Duration::from_millis(prompt_ms)),
+                    eval_tokens: Some(tokens),
+                    eval: Some(Duration::from_millis(eval_ms)),
+                    load: Some(Duration::from_millis(load_ms)),
+                };
+                observe(&mut book, &cards, model, &t, now);
+            }
+            for (model, later_s) in reads {
+                let at = now + Duration::from_secs(later_s);
+                let want = book.read(&format!("m{model}"), at);
+                match cards.read(model as u64 + 1, stamp(at)) {
+                    Card::Speed(s) => proptest::prop_assert_eq!(Some(s), want),
+                    Card::Never => proptest::prop_assert_eq!(None, want),
+                    Card::AskTheBook => {}
+                }
+                if let Some(pace) = cards.pace(model as u64 + 1, stamp(at)) {
+                    let want = Pace::of(&want.expect("a pace only for a known estimate"));
+                    let bits = |p: Pace| (p.per_output.to_bits(), p.per_prompt.to_bits(), p.load.to_bits(), p.typical_output.to_bits(), p.last);
+                    proptest::prop_assert_eq!(bits(pace), bits(want));
+                }
+            }
+        }
     }
 }
