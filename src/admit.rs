@@ -295,10 +295,13 @@ impl Admission {
     /// Each narrowing below (hold-offs, breakers, free slots) copies the list only when it
     /// removes a node: in the common case the policy sees the per-model index's own list.
     fn place(&self, ticket: &Ticket, board: &mut Board) -> Placement {
-        if ticket.router.policy() != Policy::FastestFinish {
-            if let Some(placed) = self.place_direct(ticket, board) {
-                return placed;
-            }
+        let direct = if ticket.router.policy() == Policy::FastestFinish {
+            self.place_planned_direct(ticket, board)
+        } else {
+            self.place_direct(ticket, board)
+        };
+        if let Some(placed) = direct {
+            return placed;
         }
         let model = ticket.model.as_deref();
         let candidates = match self.candidates(ticket) {
@@ -306,12 +309,6 @@ impl Admission {
             Err(e) => return Placement::Impossible(e),
         };
         let now = Instant::now();
-        if ticket.router.policy() == Policy::FastestFinish
-            && candidates.iter().all(|n| !n.held_off(now) && n.breaker_allows(now))
-        {
-            // Nothing to narrow (the common case): one pass over the candidates, not two.
-            return self.place_planned(ticket, &candidates, false, board, now);
-        }
         // A node that answered 429 sits out its Retry-After while any other can serve.
         let ready = match narrow(&candidates, |n| !n.held_off(now)) {
             Cow::Owned(ready) if ready.is_empty() => Cow::Borrowed(&candidates[..]),
@@ -375,11 +372,51 @@ impl Admission {
         board: &mut Board,
         now: Instant,
     ) -> Placement {
-        let (model, key) = (ticket.model.as_deref(), ticket.key.as_deref());
+        let key = ticket.key.as_deref();
         let model_ref = key.map(crate::node::ModelRef::new);
         let Some(plan) = board.plan(eligible, key, &ticket.work, now, |n| route::occupancy(n, model_ref)) else {
             return Placement::Full;
         };
+        self.take_plan(ticket, eligible, plan, force, board, now)
+    }
+
+    /// `place_planned` over the model's nodes in one pass, when every one of them is plainly
+    /// routable (available, untried, not excluded, not held off, its breaker letting it
+    /// through): the candidates and every narrowing would then be that same list, in the same
+    /// order. `None` as soon as one is not: the careful path decides.
+    fn place_planned_direct(&self, ticket: &Ticket, board: &mut Board) -> Option<Placement> {
+        let key = ticket.key.as_deref();
+        let index = self.registry.by_model();
+        let nodes = index.serving(key);
+        if nodes.is_empty() {
+            return None;
+        }
+        let now = Instant::now();
+        let listed = |list: &[Arc<Node>], n: &Node| list.iter().any(|t| std::ptr::eq(&**t, n));
+        let plain = |n: &Node| {
+            n.is_available()
+                && !listed(&ticket.tried, n)
+                && !listed(&ticket.excluded, n)
+                && !n.held_off(now)
+                && n.breaker_allows(now)
+        };
+        let model_ref = key.map(crate::node::ModelRef::new);
+        let plan = board.plan_plain(nodes, key, &ticket.work, now, |n| route::occupancy(n, model_ref), plain)?;
+        Some(self.take_plan(ticket, nodes, plan, false, board, now))
+    }
+
+    /// Act on `plan` (an index into `eligible`): start now where its slot is free, else book
+    /// the slot and keep waiting.
+    fn take_plan(
+        &self,
+        ticket: &Ticket,
+        eligible: &[Arc<Node>],
+        plan: Plan,
+        force: bool,
+        board: &mut Board,
+        now: Instant,
+    ) -> Placement {
+        let model = ticket.model.as_deref();
         let node = &eligible[plan.index];
         board.book(node, &plan, now);
         if plan.starts_now(now) {

@@ -40,6 +40,8 @@ pub const BYTES_PER_TOKEN: usize = 4;
 /// A model that answered on a node this recently is taken as still loaded there (Ollama's
 /// default `keep_alive`).
 pub const RESIDENT_FOR: Duration = Duration::from_secs(5 * 60);
+/// The longest service a plan counts, in nanoseconds (a day).
+const DAY_NANOS: f64 = 24.0 * 3600.0 * 1e9;
 const RESIDENT_NANOS: i64 = RESIDENT_FOR.as_nanos() as i64;
 
 /// How much work a request is, as far as it can be told before it runs.
@@ -94,6 +96,41 @@ impl Fallback {
     }
 }
 
+/// `plan`'s running choice: (index, wait, service), in nanoseconds from `now`, the service
+/// not yet whole.
+type Best = Option<(usize, u64, f64)>;
+
+/// Keep candidate `i` in `best` when it finishes earlier (ties: see `Board::plan`; `tie` gives
+/// a candidate's rank, in flight and index). A function, so it is surely inlined into the loop:
+/// as a closure it was a call per candidate, a third of the decision (issue 16).
+#[inline(always)]
+fn consider(best: &mut Best, i: usize, (wait, service): (u64, f64), tie: &impl Fn(usize) -> (u8, usize, usize)) {
+    let better = match *best {
+        None => true,
+        Some((b, best_wait, best_service)) => {
+            // Compared as `quotes` are, in whole nanoseconds; but finishes more than a
+            // nanosecond apart (two, for the float sums' rounding) order the same before
+            // truncation, so only near-ties pay for the conversions.
+            let (finish, best_finish) = (wait as f64 + service, best_wait as f64 + best_service);
+            if finish < best_finish - 2.0 {
+                true
+            } else if finish > best_finish + 2.0 {
+                false
+            } else {
+                let whole = |wait: u64, service: f64| (wait.saturating_add(nanos(service)), wait);
+                match whole(wait, service).cmp(&whole(best_wait, best_service)) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    std::cmp::Ordering::Equal => tie(i) < tie(b),
+                }
+            }
+        }
+    };
+    if better {
+        *best = Some((i, wait, service));
+    }
+}
+
 /// Whether `work`'s cost at `pace` needs the other nodes' speeds (`Fallback`).
 fn lacks(pace: &Pace, work: &Work) -> bool {
     pace.per_output.is_nan() || (pace.per_prompt.is_nan() && work.prompt_tokens > 0)
@@ -124,20 +161,25 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// How long `work` takes at `pace` once it has a slot, in whole nanoseconds (truncated: a
-/// plain conversion, cheaper per candidate than `Duration::from_secs_f64`'s exact rounding,
-/// and no estimate is that exact).
+/// How long `work` takes at `pace` once it has a slot, in nanoseconds, not yet whole (see
+/// `nanos`).
 #[inline(always)]
-fn service(pace: &Pace, resident: bool, work: &Work, fallback: Fallback) -> u64 {
+fn service(pace: &Pace, resident: bool, work: &Work, fallback: Fallback) -> f64 {
     let known = |v: f64| Some(v).filter(|v| !v.is_nan());
-    let per_output = known(pace.per_output).unwrap_or_else(|| 1.0 / fallback.decode_tps.max(0.001));
+    let per_output = known(pace.per_output).unwrap_or_else(|| 1e9 / fallback.decode_tps.max(0.001));
     let output = work.output_tokens.map(|n| n as f64).or(known(pace.typical_output)).unwrap_or(DEFAULT_OUTPUT_TOKENS);
-    let per_prompt = known(pace.per_prompt).or_else(|| fallback.prefill_tps.map(|p| 1.0 / p.max(0.001)));
+    let per_prompt = known(pace.per_prompt).or_else(|| fallback.prefill_tps.map(|p| 1e9 / p.max(0.001)));
     let prefill = per_prompt.map_or(0.0, |p| work.prompt_tokens as f64 * p);
     let load = if resident { 0.0 } else { known(pace.load).unwrap_or(0.0) };
-    // At most a day, never negative or NaN (every factor is a positive number): inside i64
-    // nanoseconds, whose conversion is one instruction (u64's is several).
-    ((output * per_output + prefill + load).min(24.0 * 3600.0) * 1e9) as i64 as u64
+    (output * per_output + prefill + load).min(DAY_NANOS)
+}
+
+/// A `service` in whole nanoseconds, truncated: a plain conversion, cheaper than
+/// `Duration::from_secs_f64`'s exact rounding (no estimate is that exact). At most a day and
+/// never negative or NaN, so inside i64, whose conversion is one instruction (u64's is several).
+#[inline(always)]
+fn nanos(service: f64) -> u64 {
+    service as i64 as u64
 }
 
 /// The chosen candidate: where, when it starts and ends, and how long it runs.
@@ -233,11 +275,11 @@ impl Board {
     ) -> Quote {
         let pace = s.map_or(Pace::UNKNOWN, Pace::of);
         let (wait, service) = self.price(n, &pace, reader, work, fallback);
-        Quote { start: reader.now + Duration::from_nanos(wait), service: Duration::from_nanos(service) }
+        Quote { start: reader.now + Duration::from_nanos(wait), service: Duration::from_nanos(nanos(service)) }
     }
 
-    /// `quote` as nanoseconds from `now`: (the wait for a slot, the service). What `plan`
-    /// compares for every candidate, in integers rather than instants.
+    /// `quote` as nanoseconds from `now`: (the wait for a slot, the service not yet whole).
+    /// What `plan` compares for every candidate, in numbers rather than instants.
     #[inline(always)]
     fn price(
         &mut self,
@@ -246,7 +288,7 @@ impl Board {
         reader: &Reader<'_>,
         work: &Work,
         fallback: Fallback,
-    ) -> (u64, u64) {
+    ) -> (u64, f64) {
         let now = reader.now;
         // A model that answered here within `RESIDENT_FOR` (or later than `now`) is resident.
         let recent = pace.last != i64::MIN && reader.at.saturating_sub(pace.last) < RESIDENT_NANOS;
@@ -258,7 +300,7 @@ impl Board {
         if n.in_flight() < n.slots().max(1) && (self.lanes.is_empty() || !self.lanes.contains_key(&key_of)) {
             return (0, service);
         }
-        let lane = self.lane(n, now, Duration::from_nanos(service));
+        let lane = self.lane(n, now, Duration::from_nanos(nanos(service)));
         let start = lane.iter().min().copied().unwrap_or(now).max(now);
         (u64::try_from((start - now).as_nanos()).unwrap_or(u64::MAX), service)
     }
@@ -279,46 +321,44 @@ impl Board {
         now: Instant,
         rank: impl Fn(&Node) -> u8,
     ) -> Option<Plan> {
+        self.plan_plain(nodes, key, work, now, rank, |_| true)
+    }
+
+    /// `plan`, or `None` as soon as a node is not `plain` (the caller narrows the list then):
+    /// the check rides the planning pass instead of a pass of its own.
+    pub fn plan_plain(
+        &mut self,
+        nodes: &[Arc<Node>],
+        key: Option<&str>,
+        work: &Work,
+        now: Instant,
+        rank: impl Fn(&Node) -> u8,
+        plain: impl Fn(&Node) -> bool,
+    ) -> Option<Plan> {
         let reader = Reader::new(key, now);
-        // (index, wait, service), in nanoseconds from `now`.
-        let mut best: Option<(usize, u64, u64)> = None;
-        let mut consider = |i: usize, (wait, service): (u64, u64)| {
-            let better = match best {
-                None => true,
-                Some((b, best_wait, best_service)) => {
-                    let finish = wait.saturating_add(service);
-                    match (finish, wait).cmp(&(best_wait.saturating_add(best_service), best_wait)) {
-                        std::cmp::Ordering::Less => true,
-                        std::cmp::Ordering::Greater => false,
-                        std::cmp::Ordering::Equal => {
-                            let tie = |i: usize| (rank(&nodes[i]), nodes[i].in_flight(), i);
-                            tie(i) < tie(b)
-                        }
-                    }
-                }
-            };
-            if better {
-                best = Some((i, wait, service));
-            }
-        };
+        let mut best: Best = None;
+        let tie = |i: usize| (rank(&nodes[i]), nodes[i].in_flight(), i);
         let mut lacking = Vec::new();
         for (i, n) in nodes.iter().enumerate() {
+            if !plain(n) {
+                return None;
+            }
             let pace = reader.pace(n);
             if lacks(&pace, work) {
                 lacking.push((i, pace));
             } else {
                 // The fallback is not used for a node that lacks nothing.
-                consider(i, self.price(n, &pace, &reader, work, Fallback::start()));
+                consider(&mut best, i, self.price(n, &pace, &reader, work, Fallback::start()), &tie);
             }
         }
         if !lacking.is_empty() {
             let fallback = Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)).collect::<Vec<_>>().iter());
             for (i, pace) in lacking {
-                consider(i, self.price(&nodes[i], &pace, &reader, work, fallback));
+                consider(&mut best, i, self.price(&nodes[i], &pace, &reader, work, fallback), &tie);
             }
         }
         let (index, wait, service) = best?;
-        let (start, service) = (now + Duration::from_nanos(wait), Duration::from_nanos(service));
+        let (start, service) = (now + Duration::from_nanos(wait), Duration::from_nanos(nanos(service)));
         Some(Plan { index, start, finish: start + service, service })
     }
 

@@ -194,16 +194,17 @@ pub struct Speed {
     pub last: Option<Instant>,
 }
 
-/// A speed as time per token, what finish-time planning multiplies by (`crate::plan`): one
-/// division per candidate per decision was most of what `fastest-finish` spent once the lock
-/// was gone. NaN for unknown, so a card stores it as plain words.
+/// A speed as time per token, in nanoseconds, what finish-time planning multiplies by
+/// (`crate::plan`): a division and a unit conversion per candidate per decision were most of
+/// what `fastest-finish` spent once the lock was gone. NaN for unknown, so a card stores it as
+/// plain words.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pace {
-    /// Seconds per generated token.
+    /// Nanoseconds per generated token.
     pub per_output: f64,
-    /// Seconds per prompt token.
+    /// Nanoseconds per prompt token.
     pub per_prompt: f64,
-    /// Seconds a cold load takes.
+    /// Nanoseconds a cold load takes.
     pub load: f64,
     /// Output tokens of a typical answer.
     pub typical_output: f64,
@@ -217,11 +218,11 @@ impl Pace {
 
     /// Per-token times from `s`; a speed is taken as at least 0.001 tokens/s.
     pub fn of(s: &Speed) -> Self {
-        let per = |tps: Option<f64>| tps.map_or(f64::NAN, |v| 1.0 / v.max(0.001));
+        let per = |tps: Option<f64>| tps.map_or(f64::NAN, |v| 1e9 / v.max(0.001));
         Self {
             per_output: per(s.decode_tps),
             per_prompt: per(s.prefill_tps),
-            load: s.load_ms.map_or(f64::NAN, |ms| ms / 1000.0),
+            load: s.load_ms.map_or(f64::NAN, |ms| ms * 1e6),
             typical_output: s.typical_output_tokens.unwrap_or(f64::NAN),
             last: s.last.map_or(i64::MIN, stamp),
         }
