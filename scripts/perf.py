@@ -388,9 +388,9 @@ def targets_table(by, rss, peak):
     rows.append(("added median latency c=1 <= nginx's + 0.05 ms", f"{added(cor):.3f} vs {added(ngx):.3f} ms",
                  added(cor) <= added(ngx) + 0.05))
     r = rss.get("corral", {})
-    rows.append(("RSS idle after warm-up <= 24 MiB", f"{r.get('warm', 0):.0f} MiB", r.get("warm", 1e9) <= 24))
-    rows.append(("RSS under c=64 <= 64 MiB", f"{peak.get('corral', 0):.0f} MiB", peak.get("corral", 1e9) <= 64))
-    rows.append(("RSS with 1,000 open streams <= 100 MiB", f"{r.get('streams', 0):.0f} MiB", r.get("streams", 1e9) <= 100))
+    rows.append(("RSS idle after warm-up <= 24 MiB", f"{r.get('warm', 0):.1f} MiB", r.get("warm", 1e9) <= 24))
+    rows.append(("RSS under c=64 <= 64 MiB", f"{peak.get('corral', 0):.1f} MiB", peak.get("corral", 1e9) <= 64))
+    rows.append(("RSS with 1,000 open streams <= 100 MiB", f"{r.get('streams', 0):.1f} MiB", r.get("streams", 1e9) <= 100))
     print("### Targets (Corral with its shipped defaults)\n")
     print("| target | this run | met? |")
     print("| --- | --- | --- |")
