@@ -506,6 +506,7 @@ impl Cards {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn the_last_occurrence_of_a_key_wins_and_a_key_without_digits_is_none() {
@@ -660,6 +661,64 @@ mod tests {
         let at = start + Duration::from_secs(5);
         assert_eq!(cards.read(5, stamp(at)), Card::Speed(book.read("m4", at).expect("known")));
         assert_eq!(cards.read(9, stamp(at)), Card::AskTheBook, "every card taken: only the book knows");
+    }
+
+    /// Readers racing one writer never see a card half written: every estimate published has
+    /// all four fields equal, so a read mixing two of them would show unequal fields.
+    #[test]
+    fn a_card_read_during_writes_is_one_estimate_or_none() {
+        let cards = Arc::new(Cards::default());
+        let at = Instant::now();
+        let estimate = |v: f64| {
+            let l = Some(Learned { value: v, at });
+            Estimate { prefill: l, decode: l, load: l, output: l, last: Some(at), samples: v as u64 }
+        };
+        cards.publish(7, &estimate(1.0));
+        let now = stamp(at);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let (cards, stop) = (Arc::clone(&cards), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    let (mut whole, mut torn) = (0u64, 0u64);
+                    // At least one pass after the writer stops, whenever this thread first runs.
+                    loop {
+                        let last = stop.load(Ordering::Relaxed);
+                        if let Card::Speed(s) = cards.read(7, now) {
+                            let v = s.decode_tps;
+                            let same = [s.prefill_tps, s.load_ms, s.typical_output_tokens].iter().all(|x| *x == v)
+                                && v.map(|v| v as u64) == Some(s.samples);
+                            if same {
+                                whole += 1
+                            } else {
+                                torn += 1
+                            }
+                        }
+                        if let Some(p) = cards.pace(7, now) {
+                            let v = p.typical_output;
+                            if p.per_output.to_bits() != (1e9 / v.max(0.001)).to_bits()
+                                || p.load.to_bits() != (v * 1e6).to_bits()
+                            {
+                                torn += 1;
+                            }
+                        }
+                        if last {
+                            break;
+                        }
+                    }
+                    (whole, torn)
+                })
+            })
+            .collect();
+        for i in 0..200_000u64 {
+            cards.publish(7, &estimate(1.0 + (i % 1000) as f64));
+        }
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            let (whole, torn) = r.join().expect("reader");
+            assert_eq!(torn, 0, "a reader saw fields of two estimates ({whole} whole reads)");
+            assert!(whole > 0, "a settled card reads whole");
+        }
     }
 
     #[test]
