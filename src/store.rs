@@ -335,8 +335,11 @@ async fn open_sqlite(path: &Path, read_only: bool) -> Result<SqlitePool, StoreEr
         // a few dozen pages; reads past the cache come from the OS's page cache. The default let
         // four connections hold 8 MiB of resident memory for nothing (issue 16).
         .pragma("cache_size", "-256");
+    // Two connections: the writer's and one for reads (WAL lets them run together). Each is a
+    // thread of sqlx's with SQLite's own glibc arena (~800 KiB resident once used) and its page
+    // cache; four let a broker that served a few thousand requests sit on three (issue 16).
     let pool = SqlitePoolOptions::new()
-        .max_connections(4)
+        .max_connections(2)
         .connect_with(opts)
         .await
         .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
