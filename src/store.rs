@@ -334,12 +334,16 @@ async fn open_sqlite(path: &Path, read_only: bool) -> Result<SqlitePool, StoreEr
         // the right edge of the table and each index (ids and times grow), so its working set is
         // a few dozen pages; reads past the cache come from the OS's page cache. The default let
         // four connections hold 8 MiB of resident memory for nothing (issue 16).
-        .pragma("cache_size", "-256");
-    // Two connections: the writer's and one for reads (WAL lets them run together). Each is a
-    // thread of sqlx's with SQLite's own glibc arena (~800 KiB resident once used) and its page
-    // cache; four let a broker that served a few thousand requests sit on three (issue 16).
+        .pragma("cache_size", "-256")
+        // The writer's multi-row upserts keep a statement journal; in memory, not a file
+        // under /var/tmp written on every batch.
+        .pragma("temp_store", "memory");
+    // The writer holds one connection for good (see store/writer.rs), readers share the
+    // others (WAL lets them run beside it). Each is a thread of sqlx's with SQLite's own glibc
+    // arena (~800 KiB resident once used) and its page cache, opened only when first needed;
+    // four let a broker that served a few thousand requests sit on three (issue 16).
     let pool = SqlitePoolOptions::new()
-        .max_connections(2)
+        .max_connections(3)
         .connect_with(opts)
         .await
         .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;

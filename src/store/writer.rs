@@ -88,9 +88,10 @@ pub(super) struct Writer {
 /// Drain the channel in batches, one transaction each, until cancelled and empty.
 pub(super) async fn run(w: Writer, mut rx: mpsc::Receiver<Record>, cancel: CancellationToken) {
     let mut written_drops = 0u64;
+    let mut conn = None;
     while let Some(batch) = next_batch(&mut rx, &w.health, &cancel).await {
         w.health.held.store(batch.len(), Ordering::Relaxed);
-        let Some(drops) = w.write_until_done(&batch, written_drops, &cancel).await else {
+        let Some(drops) = w.write_until_done(&mut conn, &batch, written_drops, &cancel).await else {
             // Cancelled with the database away: say what is lost, and stop.
             rx.close();
             let mut left = batch.len();
@@ -168,12 +169,27 @@ impl Writer {
     /// Write `batch` (with the drops counted since `written_drops`), trying again while the
     /// database is away. The drop total now written, or `None` when cancelled before the batch
     /// could be written.
-    async fn write_until_done(&self, batch: &[Record], written_drops: u64, cancel: &CancellationToken) -> Option<u64> {
+    /// `conn` is the writer's own connection, kept from batch to batch (see [`Conn`]) and let
+    /// go after a failed write, so the next try starts on a sound one.
+    async fn write_until_done(
+        &self,
+        conn: &mut Option<Conn>,
+        batch: &[Record],
+        written_drops: u64,
+        cancel: &CancellationToken,
+    ) -> Option<u64> {
         let mut wait = RETRY_FIRST;
         let mut failures = 0u32;
         loop {
             let now_dropped = self.dropped.load(Ordering::Relaxed);
-            let e = match write_batch(&self.pool, batch, &self.broker, now_dropped - written_drops).await {
+            let written = match conn {
+                Some(c) => write_batch(c, batch, &self.broker, now_dropped - written_drops).await,
+                None => match Conn::acquire(&self.pool).await {
+                    Ok(c) => write_batch(conn.insert(c), batch, &self.broker, now_dropped - written_drops).await,
+                    Err(e) => Err(e),
+                },
+            };
+            let e = match written {
                 Ok(()) => {
                     if failures > 0 {
                         tracing::info!(failures, records = batch.len(), "request store writes again");
@@ -183,6 +199,7 @@ impl Writer {
                 }
                 Err(e) => e,
             };
+            *conn = None;
             self.health.failed(&e);
             if !transient(&e) {
                 tracing::error!(error = %e, records = batch.len(), "request store write failed");
@@ -228,6 +245,25 @@ fn transient(e: &sqlx::Error) -> bool {
     }
 }
 
+/// The writer's own connection, held from one batch to the next. Taking a pooled connection
+/// per batch handed the writer each of SQLite's connections in turn, and a connection finding
+/// the file changed by another empties its page cache: every batch began by reading the
+/// table's and indexes' right edges back from the WAL (a `pread` for every two records in
+/// `strace`), and the two connections' threads both stayed busy (issue 16).
+enum Conn {
+    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+    Postgres(sqlx::pool::PoolConnection<sqlx::Postgres>),
+}
+
+impl Conn {
+    async fn acquire(pool: &Pool) -> Result<Conn, sqlx::Error> {
+        Ok(match pool {
+            Pool::Sqlite(p) => Conn::Sqlite(p.acquire().await?),
+            Pool::Postgres(p) => Conn::Postgres(p.acquire().await?),
+        })
+    }
+}
+
 /// The writer's transaction, on either engine.
 enum Tx<'c> {
     Sqlite(sqlx::Transaction<'c, sqlx::Sqlite>),
@@ -237,7 +273,7 @@ enum Tx<'c> {
 /// Per (minute, node): requests, errors, total ms, ttfb ms, completion tokens.
 type Rollups<'a> = std::collections::HashMap<(i64, &'a str), [i64; 5]>;
 
-async fn write_batch(pool: &Pool, batch: &[Record], broker: &str, new_drops: u64) -> Result<(), sqlx::Error> {
+async fn write_batch(conn: &mut Conn, batch: &[Record], broker: &str, new_drops: u64) -> Result<(), sqlx::Error> {
     let mut started: Vec<&Started> = Vec::new();
     let mut finished: Vec<&RequestRow> = Vec::new();
     let mut events: Vec<&NodeEventRow> = Vec::new();
@@ -252,9 +288,9 @@ async fn write_batch(pool: &Pool, batch: &[Record], broker: &str, new_drops: u64
     let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
     started.retain(|s| !done.contains(s.id.as_str()));
     let rollups = rollups_of(&finished);
-    let mut tx = match pool {
-        Pool::Sqlite(p) => Tx::Sqlite(p.begin().await?),
-        Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
+    let mut tx = match conn {
+        Conn::Sqlite(c) => Tx::Sqlite(sqlx::Connection::begin(&mut **c).await?),
+        Conn::Postgres(c) => Tx::Postgres(sqlx::Connection::begin(&mut **c).await?),
     };
     insert_started(&mut tx, &started, broker).await?;
     upsert_finished(&mut tx, &finished, broker).await?;
