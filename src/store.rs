@@ -338,12 +338,13 @@ async fn open_sqlite(path: &Path, read_only: bool) -> Result<SqlitePool, StoreEr
         // The writer's multi-row upserts keep a statement journal; in memory, not a file
         // under /var/tmp written on every batch.
         .pragma("temp_store", "memory");
-    // The writer holds one connection for good (see store/writer.rs), readers share the
-    // others (WAL lets them run beside it). Each is a thread of sqlx's with SQLite's own glibc
-    // arena (~800 KiB resident once used) and its page cache, opened only when first needed;
-    // four let a broker that served a few thousand requests sit on three (issue 16).
+    // Two connections: the writer holds one for good (see store/writer.rs), readers share the
+    // other (WAL lets them run beside it). Each is a thread of sqlx's with SQLite's own glibc
+    // arena (~800 KiB resident once used) and its page cache; four let a broker that served a
+    // few thousand requests sit on three, and a third for readers was opened at start by the
+    // retention sweep while the writer held its own (issue 16).
     let pool = SqlitePoolOptions::new()
-        .max_connections(3)
+        .max_connections(2)
         .connect_with(opts)
         .await
         .map_err(|source| StoreError::Open { path: path.display().to_string(), source })?;
