@@ -173,7 +173,10 @@ def haproxy(work, port, nodes):
 def corral(binary, work, name, nodes, bare):
     port, admin = free_port(), free_port()
     cfg = f'[[listeners]]\naddr = "127.0.0.1:{port}"\n[admin]\naddr = "127.0.0.1:{admin}"\n'
-    cfg += f'[store]\nenabled = {"false" if bare else "true"}\npath = "{work}/{name}.db"\n[queue]\nmax_requests = 8192\n'
+    # The store in a directory of its own, as by default (the data dir, not the config's):
+    # beside the config file, every WAL write would wake the config watcher.
+    os.makedirs(f"{work}/data", exist_ok=True)
+    cfg += f'[store]\nenabled = {"false" if bare else "true"}\npath = "{work}/data/{name}.db"\n[queue]\nmax_requests = 8192\n'
     for i, p in enumerate(nodes):
         cfg += f'[[nodes]]\nname = "n{i}"\nurl = "http://127.0.0.1:{p}"\nmax_concurrency = 1000\n'
     path = f"{work}/{name}.toml"
