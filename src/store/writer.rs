@@ -26,8 +26,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::{now_ms, NodeEventRow, Pool, Record, RequestRow, Started};
 
-/// How long the writer waits for more records before writing a batch.
-const BATCH_LINGER: Duration = Duration::from_millis(20);
+/// How long the writer waits for more records before writing a batch. Each transaction has a
+/// cost of its own (the WAL frames of every b-tree page it touched, the round trips to sqlx's
+/// thread): side by side at 15k requests a second, 100 ms cost 2-3 us less CPU per request
+/// than 20 ms (five interleaved rounds, issue 16), and resident memory after warm-up stayed
+/// the same. Records still reach the store within a tenth of a second, and a channel filling
+/// past half cuts the wait short.
+const BATCH_LINGER: Duration = Duration::from_millis(100);
 /// The most records in one batch (one transaction).
 pub(super) const BATCH_MAX: usize = 2048;
 /// The first wait before a failed batch is tried again; each failure doubles it, up to
