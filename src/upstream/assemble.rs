@@ -487,7 +487,40 @@ impl Assembler {
             self.line(&line)?;
         }
         let last = self.last.take().ok_or(AssembleError::NoEnd)?;
-        let mut fields = Ordered::parse(&last)?;
+        if let Some(answer) = self.spliced(&last) {
+            return Ok(answer);
+        }
+        self.rebuilt(&last)
+    }
+
+    /// The answer for the common stream, made by putting the joined text in place of the last
+    /// line's: no thinking, tool calls or logprobs anywhere, and a last line [`plain_line`]
+    /// reads, ending the stream, naming the text and no `thinking`, with no byte Go's encoder
+    /// would write otherwise in a key (`<`, `>`, `&`, U+2028, U+2029). Then it is byte for byte
+    /// what [`Self::rebuilt`] makes (a test holds them to it), without taking the line apart
+    /// into owned fields and writing them back: that was a tenth of a proxied chat's
+    /// instructions (callgrind, issue 16).
+    fn spliced(&self, last: &[u8]) -> Option<Vec<u8>> {
+        let simple = self.thinking.is_empty() && self.tool_calls.is_empty() && self.logprobs.is_empty();
+        if !simple || !matches!(self.api, Api::Chat | Api::Generate) {
+            return None;
+        }
+        if last.iter().any(|&b| matches!(b, b'<' | b'>' | b'&' | 0xE2)) {
+            return None;
+        }
+        let plain = plain_line(self.api, last)?;
+        let at = plain.text_at.filter(|_| plain.done && !plain.has_thinking)?;
+        let mut out = Vec::with_capacity(last.len() + self.content.len() + 16);
+        out.extend_from_slice(&last[..at.start]);
+        out.extend_from_slice(go_string(&self.content).as_bytes());
+        out.extend_from_slice(&last[at.end..]);
+        Some(out)
+    }
+
+    /// The answer made from the last line's fields, each value kept as the node wrote it, the
+    /// text, thinking, tool calls and logprobs put in where Ollama's encoder puts them.
+    fn rebuilt(self, last: &[u8]) -> Result<Vec<u8>, AssembleError> {
+        let mut fields = Ordered::parse(last)?;
         if fields.get("done") != Some("true") {
             return Err(AssembleError::NoEnd);
         }
@@ -546,11 +579,18 @@ pub fn add_to_field(line: &[u8], key: &str, n: i64) -> Option<Vec<u8>> {
     Some(fields.to_json().into_bytes())
 }
 
-/// What a plain stream line adds to the answer.
+/// What a plain stream line adds to the answer, and where its text sits (for the last line,
+/// which the answer is made from).
 #[derive(Debug, PartialEq)]
 struct Plain<'a> {
     text: &'a str,
     thinking: &'a str,
+    /// The text's string (quotes included) in the line, when the line has one.
+    text_at: Option<std::ops::Range<usize>>,
+    /// The line names a `thinking` (even an empty one).
+    has_thinking: bool,
+    /// `"done":true`.
+    done: bool,
 }
 
 /// The common line of an Ollama stream (`{"model":"…","created_at":"…","message":{"role":
@@ -564,6 +604,7 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
     let line = std::str::from_utf8(line).ok()?;
     let mut scan = Scan { b: line.as_bytes(), at: 0, s: line };
     let (mut text, mut thinking, mut message, mut done) = (None, None, false, false);
+    let (mut text_at, mut done_true) = (None, false);
     scan.eat(b'{')?;
     if scan.eat(b'}').is_none() {
         loop {
@@ -578,7 +619,11 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
                             let key = scan.string()?;
                             scan.eat(b':')?;
                             match key {
-                                "content" if text.is_none() => text = Some(scan.string()?),
+                                "content" if text.is_none() => {
+                                    let from = scan.at;
+                                    text = Some(scan.string()?);
+                                    text_at = Some(from..scan.at);
+                                }
                                 "thinking" if thinking.is_none() => thinking = Some(scan.string()?),
                                 "content" | "thinking" | "tool_calls" => return None,
                                 _ => scan.scalar()?,
@@ -590,11 +635,18 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
                         }
                     }
                 }
-                (Api::Generate | Api::V1Chat, "response") if text.is_none() => text = Some(scan.string()?),
+                (Api::Generate | Api::V1Chat, "response") if text.is_none() => {
+                    let from = scan.at;
+                    text = Some(scan.string()?);
+                    text_at = Some(from..scan.at);
+                }
                 (Api::Generate | Api::V1Chat, "thinking") if thinking.is_none() => thinking = Some(scan.string()?),
                 (_, "done") if !done => {
                     done = true;
-                    scan.boolean()?;
+                    done_true = scan.word(b"true").is_some();
+                    if !done_true {
+                        scan.word(b"false")?;
+                    }
                 }
                 (_, "message" | "response" | "thinking" | "done" | "error" | "logprobs") => return None,
                 _ => scan.value()?,
@@ -605,8 +657,13 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
             }
         }
     }
-    (scan.at == scan.b.len())
-        .then_some(Plain { text: text.unwrap_or_default(), thinking: thinking.unwrap_or_default() })
+    (scan.at == scan.b.len()).then(|| Plain {
+        text: text.unwrap_or_default(),
+        has_thinking: thinking.is_some(),
+        thinking: thinking.unwrap_or_default(),
+        text_at,
+        done: done_true,
+    })
 }
 
 /// A strict reader over one line for [`plain_line`]: each step is `None` where serde must look.
@@ -820,11 +877,12 @@ mod tests {
     #[test]
     fn plain_lines_of_ollama_are_read_without_serde() {
         let chat = br#"{"model":"llama3.2:latest","created_at":"2026-12-01T00:00:00.1Z","message":{"role":"assistant","content":" w0"},"done":false}"#;
-        assert_eq!(plain_line(Api::Chat, chat), Some(Plain { text: " w0", thinking: "" }));
+        let read = |api, line| plain_line(api, line).map(|p| (p.text, p.thinking, p.done));
+        assert_eq!(read(Api::Chat, chat), Some((" w0", "", false)));
         let last = br#"{"model":"m","created_at":"t","message":{"role":"assistant","content":"","thinking":"hm"},"done":true,"done_reason":"stop","total_duration":1000000,"load_duration":-1.5e3,"eval_count":16}"#;
-        assert_eq!(plain_line(Api::Chat, last), Some(Plain { text: "", thinking: "hm" }));
+        assert_eq!(read(Api::Chat, last), Some(("", "hm", true)));
         let gen = br#"{"model":"m","created_at":"t","response":"<b>","done":false,"x":{"a":null,"b":0.5}}"#;
-        assert_eq!(plain_line(Api::Generate, gen), Some(Plain { text: "<b>", thinking: "" }));
+        assert_eq!(read(Api::Generate, gen), Some(("<b>", "", false)));
         for (api, line) in [
             (Api::Chat, &br#"{"message":{"content":"a"b"},"done":false}"#[..]),
             (Api::Chat, br#"{"message":{"content":"a","content":"b"},"done":false}"#),
@@ -887,6 +945,111 @@ mod tests {
             a.push(c.as_bytes())?;
         }
         a.finish().map(|b| String::from_utf8(b).expect("utf8"))
+    }
+
+    /// An Ollama stream of `texts` whose last line (text `last`) carries `extra` fields at the
+    /// top level and `extra_in_message` in its message (chat).
+    fn stream_of(chat: bool, texts: &[String], last: &str, extra: &[&str], extra_in_message: &[&str]) -> String {
+        let text = |t: &str| serde_json::to_string(t).expect("json");
+        let mut out = String::new();
+        for t in texts {
+            out += &if chat {
+                format!(
+                    r#"{{"model":"m","created_at":"t","message":{{"role":"assistant","content":{}}},"done":false}}"#,
+                    text(t)
+                )
+            } else {
+                format!(r#"{{"model":"m","created_at":"t","response":{},"done":false}}"#, text(t))
+            };
+            out.push('\n');
+        }
+        let mut top = vec![r#""model":"m""#.to_string(), r#""created_at":"t""#.to_string()];
+        if chat {
+            let mut message = vec![r#""role":"assistant""#.to_string(), format!(r#""content":{}"#, text(last))];
+            message.extend(extra_in_message.iter().map(|f| f.to_string()));
+            top.push(format!(r#""message":{{{}}}"#, message.join(",")));
+        } else {
+            top.push(format!(r#""response":{}"#, text(last)));
+        }
+        top.push(r#""done":true"#.into());
+        top.extend(extra.iter().map(|f| f.to_string()));
+        out + "{" + &top.join(",") + "}\n"
+    }
+
+    /// The assembler after `stream`, and its last line; `None` for a stream it refuses.
+    fn assembled(api: Api, stream: &str) -> Option<(Assembler, Vec<u8>)> {
+        let mut a = Assembler::new(api);
+        a.push(stream.as_bytes()).ok()?;
+        let last = a.last.clone()?;
+        Some((a, last))
+    }
+
+    proptest::proptest! {
+        /// Wherever the splice applies, it makes the very bytes the rebuild makes: texts with
+        /// quotes, backslashes, HTML characters, U+2028 and accents; last lines with fields
+        /// Corral does not know, keys Go would escape, a thinking, numbers in any spelling.
+        #[test]
+        fn the_spliced_answer_is_the_rebuilt_one(
+            chat in proptest::bool::ANY,
+            texts in proptest::collection::vec("[ a-z<>&\"\\\\\u{2028}é\n]{0,4}", 0..5),
+            last in "[ a-z<&\"]{0,3}",
+            extra in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(r#""done_reason":"stop""#),
+                    proptest::strategy::Just(r#""total_duration":5"#),
+                    proptest::strategy::Just(r#""load_duration":-1.5e3"#),
+                    proptest::strategy::Just(r#""x":{"a":null,"b":0.5}"#),
+                    proptest::strategy::Just(r#""k<":1"#),
+                    proptest::strategy::Just(r#""é":"ü""#),
+                    proptest::strategy::Just(r#""thinking":"th""#),
+                    proptest::strategy::Just(r#""eval_count":16"#),
+                ],
+                0..4,
+            ),
+            in_message in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(r#""thinking":"""#),
+                    proptest::strategy::Just(r#""images":null"#),
+                    proptest::strategy::Just(r#""n":1"#),
+                ],
+                0..2,
+            ),
+        ) {
+            let api = if chat { Api::Chat } else { Api::Generate };
+            let stream = stream_of(chat, &texts, &last, &extra, &in_message);
+            let Some((a, line)) = assembled(api, &stream) else {
+                return Ok(());
+            };
+            if let Some(spliced) = a.spliced(&line) {
+                let rebuilt = a.rebuilt(&line).expect("rebuilt");
+                proptest::prop_assert_eq!(String::from_utf8_lossy(&spliced), String::from_utf8_lossy(&rebuilt), "{}", stream);
+            }
+        }
+    }
+
+    #[test]
+    fn a_plain_stream_is_spliced_and_anything_more_is_rebuilt() {
+        let texts = [" w0".to_string(), " \"w1\" <b>".to_string()];
+        let plain = stream_of(true, &texts, "", &[r#""done_reason":"length""#, r#""eval_count":2"#], &[]);
+        let (a, line) = assembled(Api::Chat, &plain).expect("a stream");
+        let spliced = a.spliced(&line).expect("the common stream is spliced");
+        assert_eq!(
+            String::from_utf8(spliced).expect("utf8"),
+            r#"{"model":"m","created_at":"t","message":{"role":"assistant","content":" w0 \"w1\" \u003cb\u003e"},"done":true,"done_reason":"length","eval_count":2}"#
+        );
+        let generate = stream_of(false, &texts, "!", &[], &[]);
+        let (a, line) = assembled(Api::Generate, &generate).expect("a stream");
+        assert!(a.spliced(&line).is_some(), "{generate}");
+        for (api, stream) in [
+            (Api::Chat, stream_of(true, &texts, "", &[], &[r#""thinking":"""#])),
+            (Api::Chat, stream_of(true, &texts, "", &[r#""k<":1"#], &[])),
+            (Api::Chat, stream_of(true, &texts, "", &[r#""x":{"a":"\u003c"}"#], &[])),
+            (Api::Generate, stream_of(false, &texts, "", &[r#""thinking":"th""#], &[])),
+            (Api::Generate, stream_of(false, &texts, "", &[r#""context":[1,2]"#], &[])),
+        ] {
+            let (a, line) = assembled(api, &stream).expect("a stream");
+            assert!(a.spliced(&line).is_none(), "rebuilt, not spliced: {stream}");
+        }
     }
 
     #[test]
