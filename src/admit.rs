@@ -59,6 +59,16 @@ pub struct Ticket {
     pub arrived: Instant,
 }
 
+impl Ticket {
+    /// `n` may take this request by every measure but its free slots: up, not tried or
+    /// excluded for it, not held off, its breaker letting requests through.
+    #[inline]
+    fn plainly_routable(&self, n: &Node, now: Instant) -> bool {
+        let listed = |list: &[Arc<Node>]| list.iter().any(|t| std::ptr::eq(&**t, n));
+        n.is_available() && !listed(&self.tried) && !listed(&self.excluded) && !n.held_off(now) && n.breaker_allows(now)
+    }
+}
+
 type Key = (u32, u8, u64);
 
 struct Waiter {
@@ -341,14 +351,9 @@ impl Admission {
         let index = self.registry.by_model();
         let nodes = index.serving(key);
         let now = Instant::now();
-        let listed = |list: &[Arc<Node>], n: &Node| list.iter().any(|t| std::ptr::eq(&**t, n));
         let mut routable = false;
         let keep = |n: &Node| {
-            let ok = n.is_available()
-                && !listed(&ticket.tried, n)
-                && !listed(&ticket.excluded, n)
-                && !n.held_off(now)
-                && n.breaker_allows(now);
+            let ok = ticket.plainly_routable(n, now);
             routable |= ok;
             ok && n.has_capacity()
         };
@@ -392,14 +397,7 @@ impl Admission {
             return None;
         }
         let now = Instant::now();
-        let listed = |list: &[Arc<Node>], n: &Node| list.iter().any(|t| std::ptr::eq(&**t, n));
-        let plain = |n: &Node| {
-            n.is_available()
-                && !listed(&ticket.tried, n)
-                && !listed(&ticket.excluded, n)
-                && !n.held_off(now)
-                && n.breaker_allows(now)
-        };
+        let plain = |n: &Node| ticket.plainly_routable(n, now);
         let model_ref = key.map(crate::node::ModelRef::new);
         let plan = board.plan_plain(nodes, key, &ticket.work, now, |n| route::occupancy(n, model_ref), plain)?;
         Some(self.take_plan(ticket, nodes, plan, false, board, now))
