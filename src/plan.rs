@@ -69,30 +69,21 @@ struct Fallback {
 }
 
 impl Fallback {
-    fn of<'a>(speeds: impl Iterator<Item = &'a Speed>) -> Self {
-        let mut seen = Self::start();
-        speeds.for_each(|s| seen.take(s));
-        seen.finish()
-    }
+    /// For a node that lacks nothing, which never looks at it.
+    const UNUSED: Self = Self { decode_tps: f64::NAN, prefill_tps: None };
 
-    /// Nothing seen yet: `take` each candidate's speed, then `finish`.
-    fn start() -> Self {
-        Self { decode_tps: f64::NAN, prefill_tps: None }
-    }
-
-    fn take(&mut self, s: &Speed) {
-        let max = |a: f64, v: f64| if a.is_nan() { v } else { a.max(v) };
-        if let Some(v) = s.decode_tps {
-            self.decode_tps = max(self.decode_tps, v);
+    /// The best of `speeds`; with no decode speed among them, `DEFAULT_DECODE_TPS`.
+    fn of(speeds: impl IntoIterator<Item = Speed>) -> Self {
+        let (mut decode, mut prefill) = (None::<f64>, None::<f64>);
+        for s in speeds {
+            if let Some(v) = s.decode_tps {
+                decode = Some(decode.map_or(v, |a| a.max(v)));
+            }
+            if let Some(v) = s.prefill_tps {
+                prefill = Some(prefill.map_or(v, |a| a.max(v)));
+            }
         }
-        if let Some(v) = s.prefill_tps {
-            self.prefill_tps = Some(self.prefill_tps.map_or(v, |a| a.max(v)));
-        }
-    }
-
-    /// With no decode speed seen, `DEFAULT_DECODE_TPS`.
-    fn finish(self) -> Self {
-        Self { decode_tps: if self.decode_tps.is_nan() { DEFAULT_DECODE_TPS } else { self.decode_tps }, ..self }
+        Self { decode_tps: decode.unwrap_or(DEFAULT_DECODE_TPS), prefill_tps: prefill }
     }
 }
 
@@ -247,7 +238,7 @@ impl Board {
     pub fn quotes(&mut self, nodes: &[Arc<Node>], key: Option<&str>, work: &Work, now: Instant) -> Vec<Quote> {
         let reader = Reader::new(key, now);
         let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| reader.speed(n)).collect();
-        let fallback = Fallback::of(speeds.iter().flatten());
+        let fallback = Fallback::of(speeds.iter().flatten().copied());
         nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, s.as_ref(), &reader, work, fallback)).collect()
     }
 
@@ -257,10 +248,9 @@ impl Board {
         let reader = Reader::new(key, now);
         let own = reader.speed(&nodes[i]);
         let fallback = if own.as_ref().is_some_and(|s| !lacks(&Pace::of(s), work)) {
-            Fallback::of(std::iter::empty())
+            Fallback::of([])
         } else {
-            let theirs: Vec<Speed> = nodes.iter().filter_map(|n| reader.speed(n)).collect();
-            Fallback::of(theirs.iter())
+            Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)))
         };
         self.quote(&nodes[i], own.as_ref(), &reader, work, fallback)
     }
@@ -348,11 +338,11 @@ impl Board {
                 lacking.push((i, pace));
             } else {
                 // The fallback is not used for a node that lacks nothing.
-                consider(&mut best, i, self.price(n, &pace, &reader, work, Fallback::start()), &tie);
+                consider(&mut best, i, self.price(n, &pace, &reader, work, Fallback::UNUSED), &tie);
             }
         }
         if !lacking.is_empty() {
-            let fallback = Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)).collect::<Vec<_>>().iter());
+            let fallback = Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)));
             for (i, pace) in lacking {
                 consider(&mut best, i, self.price(&nodes[i], &pace, &reader, work, fallback), &tie);
             }
