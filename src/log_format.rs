@@ -13,6 +13,7 @@ use std::fmt::{self, Write as _};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::{DefaultFields, Writer};
+use tracing_subscriber::fmt::time::FormatTime;
 use tracing_subscriber::fmt::FormatFields;
 
 /// The field formatter for `tracing_subscriber::fmt().fmt_fields(...)`.
@@ -39,6 +40,61 @@ impl<'w> FormatFields<'w> for Fields {
         }
         DefaultFields::new().format_fields(writer, fields)
     }
+}
+
+/// The time at the head of a line, as tracing-subscriber's `SystemTime` writes it
+/// (`2026-12-06T21:22:50.123456Z`, UTC), with the date and time of day made once a second per
+/// thread instead of per line: its calendar arithmetic and seven `core::fmt` writes were a
+/// quarter of the summary line's cost (callgrind, issue 16). Outside years 0-9999 (a clock set
+/// far off) the line goes to `SystemTime` itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Clock;
+
+thread_local! {
+    /// The second last written and its text (`YYYY-MM-DDTHH:MM:SS`).
+    static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+}
+
+impl FormatTime for Clock {
+    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let Some((secs, micros)) = since.ok().and_then(|d| Some((i64::try_from(d.as_secs()).ok()?, d.subsec_micros())))
+        else {
+            return tracing_subscriber::fmt::time::SystemTime.format_time(w);
+        };
+        let written = SECOND.with(|cell| {
+            let mut cached = cell.try_borrow_mut().ok()?;
+            if cached.0 != secs {
+                cached.1 = second_text(secs)?;
+                cached.0 = secs;
+            }
+            let mut tail = *b".000000Z";
+            let mut n = micros;
+            for digit in tail[1..7].iter_mut().rev() {
+                *digit = b'0' + (n % 10) as u8;
+                n /= 10;
+            }
+            let tail = std::str::from_utf8(&tail).ok()?;
+            Some(w.write_str(&cached.1).and_then(|()| w.write_str(tail)))
+        });
+        written.unwrap_or_else(|| tracing_subscriber::fmt::time::SystemTime.format_time(w))
+    }
+}
+
+/// `secs` after the epoch as `YYYY-MM-DDTHH:MM:SS` (UTC), for years 0 to 9999.
+fn second_text(secs: i64) -> Option<String> {
+    let t = time::OffsetDateTime::from_unix_timestamp(secs).ok()?;
+    (0..=9999).contains(&t.year()).then(|| {
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+            t.year(),
+            u8::from(t.month()),
+            t.day(),
+            t.hour(),
+            t.minute(),
+            t.second()
+        )
+    })
 }
 
 /// Writes each field as `DefaultVisitor` would without colour; `plain` turns false at the
@@ -196,5 +252,48 @@ mod tests {
         });
         let line = LINE.with(|l| l.borrow().clone());
         assert_eq!(line, "request finished id=0192 node=\"n0\" attempts=1 streamed=false", "written by this visitor");
+    }
+
+    #[test]
+    fn seconds_read_as_the_calendar_says() {
+        assert_eq!(second_text(0).as_deref(), Some("1970-01-01T00:00:00"));
+        assert_eq!(second_text(951_782_400).as_deref(), Some("2000-02-29T00:00:00"), "a leap day");
+        assert_eq!(second_text(1_796_601_599).as_deref(), Some("2026-12-06T23:59:59"));
+        assert_eq!(second_text(253_402_300_799).as_deref(), Some("9999-12-31T23:59:59"));
+        assert_eq!(second_text(253_402_300_800), None, "year 10000 is left to SystemTime");
+        assert_eq!(second_text(-62_167_219_200).as_deref(), Some("0000-01-01T00:00:00"));
+        assert_eq!(second_text(-62_167_219_201), None, "before year 0 too");
+    }
+
+    /// The clock writes what tracing-subscriber's `SystemTime` writes, to the second (and the
+    /// microseconds in its shape), also after the second turns over.
+    #[test]
+    fn the_clock_writes_as_system_time_does() {
+        let text = |f: &dyn FormatTime| {
+            let mut s = String::new();
+            f.format_time(&mut Writer::new(&mut s)).expect("format");
+            s
+        };
+        let seconds = |s: &str| s[..19].to_string();
+        let mut compared = 0;
+        let mut last = String::new();
+        // Until two different seconds are compared, bounded: the loop spins a few seconds at most.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while compared < 2 && std::time::Instant::now() < deadline {
+            let (before, theirs, after) =
+                (text(&Clock), text(&tracing_subscriber::fmt::time::SystemTime), text(&Clock));
+            assert_eq!((before.len(), after.len()), (theirs.len(), theirs.len()), "{before} / {theirs}");
+            assert!(after.ends_with('Z') && after.as_bytes()[19] == b'.', "{after}");
+            assert!(after[20..26].bytes().all(|b| b.is_ascii_digit()), "{after}");
+            assert!(before <= after, "{before} then {after}");
+            if seconds(&before) == seconds(&after) {
+                assert_eq!(seconds(&before), seconds(&theirs));
+                if seconds(&before) != last {
+                    last = seconds(&before);
+                    compared += 1;
+                }
+            }
+        }
+        assert_eq!(compared, 2, "two seconds compared");
     }
 }

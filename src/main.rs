@@ -46,8 +46,11 @@ fn init_tracing(format: LogFormat) -> Option<corral::log_writer::Flush> {
     // Colour only for a person at a terminal: a log file or a pipe gets plain text (and
     // NO_COLOR, https://no-color.org, turns it off anywhere).
     let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_ansi(colour).fmt_fields(corral::log_format::Fields);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(colour)
+        .with_timer(corral::log_format::Clock)
+        .fmt_fields(corral::log_format::Fields);
     let (writer, flush) = match corral::log_writer::LogWriter::spawn(std::io::stderr()) {
         Ok((w, f)) => (tracing_subscriber::fmt::writer::BoxMakeWriter::new(w), Some(f)),
         Err(e) => {
