@@ -318,16 +318,35 @@ const RECORD_TEXT_MAX: usize = 256;
 /// `text` as it may appear in a record or a log line: control characters escaped (a newline or
 /// an ESC in a model name must not forge a log line or a terminal), at most 256 bytes.
 pub fn for_record(text: &str) -> String {
+    if fit_for_record(text) {
+        return text.to_string();
+    }
     let mut out = String::with_capacity(text.len().min(RECORD_TEXT_MAX));
     for c in text.chars() {
-        let piece: String = if c.is_control() { c.escape_default().collect() } else { c.to_string() };
-        if out.len() + piece.len() > RECORD_TEXT_MAX {
+        let before = out.len();
+        match c.is_control() {
+            true => out.extend(c.escape_default()),
+            false => out.push(c),
+        }
+        if out.len() > RECORD_TEXT_MAX {
+            out.truncate(before);
             out.push('…');
             break;
         }
-        out.push_str(&piece);
     }
     out
+}
+
+/// Whether `text` is already as [`for_record`] would write it (the common case: a model name).
+fn fit_for_record(text: &str) -> bool {
+    text.len() <= RECORD_TEXT_MAX && !text.chars().any(char::is_control)
+}
+
+/// [`for_record`] in place, allocating only when something changes.
+fn make_fit_for_record(text: &mut String) {
+    if !fit_for_record(text) {
+        *text = for_record(text);
+    }
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -683,8 +702,8 @@ impl Trace {
         // Without read-ahead the node and the client finish together.
         self.row.node_done_ms = self.row.node_done_ms.or(self.row.total_ms);
         self.row.interrupted = status == "interrupted";
-        self.row.model = for_record(&self.row.model);
-        self.row.category = for_record(&self.row.category);
+        make_fit_for_record(&mut self.row.model);
+        make_fit_for_record(&mut self.row.category);
         if let Some(spans) = self.spans.take().and_then(|s| s.finish(&self.row)) {
             self.telemetry.export(spans);
         }
@@ -723,6 +742,16 @@ mod tests {
         let long = for_record(&"m".repeat(5_000_000));
         assert!(long.len() <= RECORD_TEXT_MAX + '…'.len_utf8(), "a 5 MB name is cut: {}", long.len());
         assert_eq!(for_record("qwen2.5:7b"), "qwen2.5:7b", "ordinary names are untouched");
+        let (fits, over) = ("m".repeat(RECORD_TEXT_MAX), "m".repeat(RECORD_TEXT_MAX + 1));
+        assert_eq!(for_record(&fits), fits, "256 bytes fit");
+        assert_eq!(for_record(&over), format!("{fits}…"), "the 257th byte does not");
+        let escaped_at_the_end = format!("{}\\n", "m".repeat(RECORD_TEXT_MAX - 2));
+        assert_eq!(for_record(&format!("{}\n", "m".repeat(RECORD_TEXT_MAX - 2))), escaped_at_the_end);
+        let cut_escape = for_record(&format!("{}\n", "m".repeat(RECORD_TEXT_MAX - 1)));
+        assert_eq!(cut_escape, format!("{}…", "m".repeat(RECORD_TEXT_MAX - 1)), "an escape is not cut in half");
+        let mut in_place = String::from("llama3.2\u{7}");
+        make_fit_for_record(&mut in_place);
+        assert_eq!(in_place, for_record("llama3.2\u{7}"));
     }
 
     fn request(node: Option<&str>, attempts: i64, fallback: Option<&str>) -> Event {
