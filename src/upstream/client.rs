@@ -44,6 +44,23 @@ pub enum ExchangeError {
 #[derive(Clone)]
 pub struct NodeClient {
     inner: hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// Put on every answer before it becomes a `reqwest::Response`, which otherwise parses a
+    /// placeholder URL for each one (3% of a forwarded request's instructions, issue 16).
+    answered: http::Extensions,
+}
+
+/// The URL a node's `reqwest::Response` carries, as reqwest itself gives an answer it did not
+/// fetch: nothing reads it.
+const ANSWER_URL: &str = "http://no.url.provided.local";
+
+/// The extensions an answer gets: just its URL, parsed once here.
+fn answered_extensions() -> http::Extensions {
+    use reqwest::ResponseBuilderExt as _;
+    let Ok(url) = url::Url::parse(ANSWER_URL) else { return http::Extensions::new() };
+    match http::Response::builder().url(url).body(()) {
+        Ok(mut proto) => std::mem::take(proto.extensions_mut()),
+        Err(_) => http::Extensions::new(),
+    }
 }
 
 impl std::fmt::Debug for NodeClient {
@@ -69,13 +86,16 @@ impl NodeClient {
             .pool_idle_timeout(IDLE)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(https);
-        Ok(Self { inner })
+        Ok(Self { inner, answered: answered_extensions() })
     }
 
     /// Send `request` and wait for its answer's head.
     pub async fn send(&self, request: NodeRequest) -> Result<reqwest::Response, ExchangeError> {
         match self.inner.request(request).await {
-            Ok(resp) => Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap))),
+            Ok(mut resp) => {
+                resp.extensions_mut().extend(self.answered.clone());
+                Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap)))
+            }
             Err(e) if e.is_connect() => Err(ExchangeError::Connect(super::root_cause(&e))),
             Err(e) => Err(ExchangeError::Failed(super::root_cause(&e))),
         }
@@ -122,6 +142,11 @@ mod tests {
         let client = NodeClient::new(Duration::from_secs(1)).expect("client");
         let resp = client.send(post(addr)).await.expect("answer");
         assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.url().as_str(),
+            "http://no.url.provided.local/",
+            "the URL reqwest gives an answer it did not fetch"
+        );
         assert_eq!(resp.bytes().await.expect("body"), "ok");
         let request = served.await.expect("server").to_ascii_lowercase();
         assert!(request.starts_with("post /api/chat http/1.1\r\n"), "{request}");
