@@ -15,7 +15,8 @@
 //!   span for the request and one per attempt (`Trace::attempt_began` / `attempt_failed`),
 //!   handed to the exporter when the trace is judged; without it, each hook is one branch.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -105,8 +106,38 @@ fn latency_histogram() -> Histogram {
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.005, 2.0, 16))
 }
 
+/// One answering party's per-request series (a node, `provider:<name>` or `none`), looked up
+/// once: `finish` otherwise built and hashed five label sets, cloning their strings, for every
+/// request (issue 16). Each is made on first use, so `/metrics` shows the same series as
+/// before. Families never drop a series, so a kept handle never goes stale.
+#[derive(Default)]
+struct PartySeries {
+    duration: OnceLock<Histogram>,
+    ttfb: OnceLock<Histogram>,
+    prompt: OnceLock<Counter>,
+    completion: OnceLock<Counter>,
+    /// `requests` by (category, outcome): the categories configured times a few outcomes.
+    requests: Mutex<Vec<(String, String, Counter)>>,
+}
+
+impl PartySeries {
+    fn requests(&self, family: &Family<RequestLabels, Counter>, node: &str, category: &str, outcome: &str) -> Counter {
+        let mut known = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, _, counter)) = known.iter().find(|(c, o, _)| c == category && o == outcome) {
+            return counter.clone();
+        }
+        let labels =
+            RequestLabels { node: node.to_string(), category: category.to_string(), outcome: outcome.to_string() };
+        let counter = family.get_or_create(&labels).clone();
+        known.push((labels.category, labels.outcome, counter.clone()));
+        counter
+    }
+}
+
 struct Metrics {
     registry: MetricsRegistry,
+    /// [`PartySeries`] by answering party.
+    parties: RwLock<HashMap<String, Arc<PartySeries>>>,
     requests: Family<RequestLabels, Counter>,
     duration: Family<NodeLabels, Histogram, fn() -> Histogram>,
     ttfb: Family<NodeLabels, Histogram, fn() -> Histogram>,
@@ -125,6 +156,14 @@ struct Metrics {
 }
 
 impl Metrics {
+    fn party(&self, name: &str) -> Arc<PartySeries> {
+        if let Some(p) = self.parties.read().unwrap_or_else(PoisonError::into_inner).get(name) {
+            return Arc::clone(p);
+        }
+        let mut parties = self.parties.write().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(parties.entry(name.to_string()).or_default())
+    }
+
     fn new() -> Self {
         let mut registry = MetricsRegistry::with_prefix("corral");
         let requests = Family::<RequestLabels, Counter>::default();
@@ -177,6 +216,7 @@ impl Metrics {
         );
         Self {
             registry,
+            parties: RwLock::default(),
             requests,
             duration,
             ttfb,
@@ -528,23 +568,28 @@ impl Telemetry {
             (None, Some(p)) => format!("provider:{p}"),
             (None, None) => "none".into(),
         };
-        m.requests
-            .get_or_create(&RequestLabels {
-                node: node.clone(),
-                category: row.category.clone(),
-                outcome: row.status.clone(),
-            })
-            .inc();
-        let labels = NodeLabels { node: node.clone() };
+        let party = m.party(&node);
+        party.requests(&m.requests, &node, &row.category, &row.status).inc();
         if let Some(ms) = row.total_ms {
-            m.duration.get_or_create(&labels).observe(ms as f64 / 1000.0);
+            party
+                .duration
+                .get_or_init(|| m.duration.get_or_create(&NodeLabels { node: node.clone() }).clone())
+                .observe(ms as f64 / 1000.0);
         }
         if let Some(ms) = row.ttfb_ms {
-            m.ttfb.get_or_create(&labels).observe(ms as f64 / 1000.0);
+            party
+                .ttfb
+                .get_or_init(|| m.ttfb.get_or_create(&NodeLabels { node: node.clone() }).clone())
+                .observe(ms as f64 / 1000.0);
         }
-        for (kind, n) in [("prompt", row.prompt_tokens), ("completion", row.completion_tokens)] {
+        for (kind, series, n) in
+            [("prompt", &party.prompt, row.prompt_tokens), ("completion", &party.completion, row.completion_tokens)]
+        {
             if let Some(n) = n.filter(|n| *n > 0) {
-                m.tokens.get_or_create(&TokenLabels { node: node.clone(), kind: kind.into() }).inc_by(n as u64);
+                let tokens = series.get_or_init(|| {
+                    m.tokens.get_or_create(&TokenLabels { node: node.clone(), kind: kind.into() }).clone()
+                });
+                tokens.inc_by(n as u64);
             }
         }
         if let Some(p) = &row.fallback {
@@ -763,6 +808,47 @@ mod tests {
             status: "ok".into(),
             ..RequestRow::default()
         }))
+    }
+
+    /// Each finished request counts once in its party's series, whichever party it is and
+    /// however often the party's handles were looked up before; a series appears only once a
+    /// request has something for it (no time to first byte for a request nobody answered).
+    #[test]
+    fn each_request_counts_once_in_its_partys_series() {
+        let telemetry = Telemetry::new(None, Bus::default());
+        let row = |node: Option<&str>, fallback: Option<&str>, status: &str, ttfb: Option<i64>, tokens: Option<i64>| {
+            RequestRow {
+                endpoint: "/api/chat".into(),
+                node: node.map(str::to_string),
+                fallback: fallback.map(str::to_string),
+                category: "chat".into(),
+                status: status.into(),
+                total_ms: Some(20),
+                ttfb_ms: ttfb,
+                completion_tokens: tokens,
+                ..RequestRow::default()
+            }
+        };
+        telemetry.finish(row(Some("a"), None, "ok", Some(5), Some(3)));
+        telemetry.finish(row(Some("a"), None, "ok", Some(7), Some(4)));
+        telemetry.finish(row(Some("a"), None, "error", None, None));
+        telemetry.finish(row(None, Some("openai"), "ok", Some(9), None));
+        telemetry.finish(row(None, None, "error", None, None));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &telemetry.metrics.registry).expect("encode");
+        for line in [
+            r#"corral_requests_total{node="a",category="chat",outcome="ok"} 2"#,
+            r#"corral_requests_total{node="a",category="chat",outcome="error"} 1"#,
+            r#"corral_requests_total{node="provider:openai",category="chat",outcome="ok"} 1"#,
+            r#"corral_requests_total{node="none",category="chat",outcome="error"} 1"#,
+            r#"corral_request_duration_seconds_count{node="a"} 3"#,
+            r#"corral_time_to_first_byte_seconds_count{node="a"} 2"#,
+            r#"corral_tokens_total{node="a",kind="completion"} 7"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        assert!(!text.contains(r#"corral_time_to_first_byte_seconds_count{node="none"}"#), "{text}");
+        assert!(!text.contains(r#"kind="prompt""#), "no prompt tokens counted yet: {text}");
     }
 
     /// What each listener hears: `all` every event, `notable` changes and the requests that
