@@ -278,8 +278,8 @@ mod tests {
         let mut compared = 0;
         let mut last = String::new();
         // Until two different seconds are compared, bounded: the loop spins a few seconds at most.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while compared < 2 && std::time::Instant::now() < deadline {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while compared < 2 && tokio::time::Instant::now() < deadline {
             let (before, theirs, after) =
                 (text(&Clock), text(&tracing_subscriber::fmt::time::SystemTime), text(&Clock));
             assert_eq!((before.len(), after.len()), (theirs.len(), theirs.len()), "{before} / {theirs}");

@@ -114,9 +114,7 @@ impl<'a> Upstream<'a> {
     fn plain_join(&self, path_and_query: &str) -> Option<String> {
         let base = self.base;
         let plain_base = base.path() == "/" && base.query().is_none() && base.fragment().is_none();
-        let plain_path = path_and_query.starts_with('/')
-            && path_and_query.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-'));
-        (plain_base && plain_path).then(|| {
+        (plain_base && path_and_query.starts_with('/') && plain_path(path_and_query)).then(|| {
             let origin = &base[..url::Position::BeforePath];
             let mut joined = String::with_capacity(origin.len() + path_and_query.len());
             joined.push_str(origin);
@@ -124,6 +122,12 @@ impl<'a> Upstream<'a> {
             joined
         })
     }
+}
+
+/// Whether `path` is made of letters, digits, `/`, `_` and `-` only: no byte a URL parser
+/// resolves, decodes, encodes or splits on.
+fn plain_path(path: &str) -> bool {
+    path.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'/' | b'_' | b'-'))
 }
 
 /// Whether a path segment is `.` or `..`, also percent-encoded (`%2e`, `.%2E`): a URL parser
@@ -150,6 +154,11 @@ fn is_dot_segment(seg: &str) -> bool {
 /// else to a server behind that decodes it again: a dot segment (raw or percent-encoded), a
 /// backslash, an encoded `/` or `\`, a double-encoded dot or separator, or an encoded NUL.
 pub fn path_escapes(path: &str) -> bool {
+    // Letters, digits, `/`, `_` and `-` hold no dot, percent or backslash: nothing to look for
+    // (the common path, without the lowercase copy).
+    if plain_path(path) {
+        return false;
+    }
     let lower = path.to_ascii_lowercase();
     lower.contains('\\')
         || ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"].iter().any(|e| lower.contains(e))
@@ -439,6 +448,23 @@ mod tests {
             let full = http::Uri::try_from(up.url(&path).as_str()).map(|u| u.to_string()).map_err(|e| e.to_string());
             let got = up.uri(&path).map(|u| u.to_string()).map_err(|e| e.to_string());
             proptest::prop_assert_eq!(got, full, "{} + {}", base, path);
+        }
+    }
+
+    proptest::proptest! {
+        /// The plain-path shortcut refuses exactly what the full reading refuses.
+        #[test]
+        fn the_shortcut_refuses_what_the_full_reading_refuses(
+            segments in proptest::collection::vec(proptest::sample::select(vec![
+                ".", "..", "%2e", "%2E.", "api", "Chat", "", "a-b_c", "%2f", "%5C", "%00", "%252e", "a\\b", "x.y",
+            ]), 0..6),
+        ) {
+            let path = format!("/{}", segments.join("/"));
+            let lower = path.to_ascii_lowercase();
+            let full = lower.contains('\\')
+                || ["%2f", "%5c", "%00", "%252e", "%252f", "%255c"].iter().any(|e| lower.contains(e))
+                || lower.split('/').any(is_dot_segment);
+            proptest::prop_assert_eq!(path_escapes(&path), full, "{}", path);
         }
     }
 
