@@ -121,6 +121,26 @@ struct PartySeries {
 }
 
 impl PartySeries {
+    /// Count `row` (answered by `node`, this party) in its series.
+    fn observe(&self, m: &Metrics, node: &str, row: &RequestRow) {
+        self.requests(&m.requests, node, &row.category, &row.status).inc();
+        let labels = || NodeLabels { node: node.to_string() };
+        if let Some(ms) = row.total_ms {
+            self.duration.get_or_init(|| m.duration.get_or_create(&labels()).clone()).observe(ms as f64 / 1000.0);
+        }
+        if let Some(ms) = row.ttfb_ms {
+            self.ttfb.get_or_init(|| m.ttfb.get_or_create(&labels()).clone()).observe(ms as f64 / 1000.0);
+        }
+        for (kind, series, n) in
+            [("prompt", &self.prompt, row.prompt_tokens), ("completion", &self.completion, row.completion_tokens)]
+        {
+            if let Some(n) = n.filter(|n| *n > 0) {
+                let labels = || TokenLabels { node: node.to_string(), kind: kind.into() };
+                series.get_or_init(|| m.tokens.get_or_create(&labels()).clone()).inc_by(n as u64);
+            }
+        }
+    }
+
     fn requests(&self, family: &Family<RequestLabels, Counter>, node: &str, category: &str, outcome: &str) -> Counter {
         let mut known = self.requests.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((_, _, counter)) = known.iter().find(|(c, o, _)| c == category && o == outcome) {
@@ -568,30 +588,7 @@ impl Telemetry {
             (None, Some(p)) => format!("provider:{p}"),
             (None, None) => "none".into(),
         };
-        let party = m.party(&node);
-        party.requests(&m.requests, &node, &row.category, &row.status).inc();
-        if let Some(ms) = row.total_ms {
-            party
-                .duration
-                .get_or_init(|| m.duration.get_or_create(&NodeLabels { node: node.clone() }).clone())
-                .observe(ms as f64 / 1000.0);
-        }
-        if let Some(ms) = row.ttfb_ms {
-            party
-                .ttfb
-                .get_or_init(|| m.ttfb.get_or_create(&NodeLabels { node: node.clone() }).clone())
-                .observe(ms as f64 / 1000.0);
-        }
-        for (kind, series, n) in
-            [("prompt", &party.prompt, row.prompt_tokens), ("completion", &party.completion, row.completion_tokens)]
-        {
-            if let Some(n) = n.filter(|n| *n > 0) {
-                let tokens = series.get_or_init(|| {
-                    m.tokens.get_or_create(&TokenLabels { node: node.clone(), kind: kind.into() }).clone()
-                });
-                tokens.inc_by(n as u64);
-            }
-        }
+        m.party(&node).observe(m, &node, &row);
         if let Some(p) = &row.fallback {
             let model = row.answered_model.clone().unwrap_or_else(|| row.model.clone());
             m.fallbacks.get_or_create(&ProviderLabels { provider: p.clone(), model }).inc();
