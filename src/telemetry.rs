@@ -583,9 +583,10 @@ impl Telemetry {
     fn finish(&self, row: RequestRow) {
         let m = &self.metrics;
         // Who answered: a node, a cloud provider (`provider:<name>`), or nobody.
-        let node = match (&row.node, &row.fallback) {
-            (Some(n), _) => n.clone(),
-            (None, Some(p)) => format!("provider:{p}"),
+        // Borrowed for a node (the common case): it only names the party's series.
+        let node: std::borrow::Cow<'_, str> = match (&row.node, &row.fallback) {
+            (Some(n), _) => n.as_str().into(),
+            (None, Some(p)) => format!("provider:{p}").into(),
             (None, None) => "none".into(),
         };
         m.party(&node).observe(m, &node, &row);
