@@ -57,15 +57,17 @@ impl Proc {
         Proc { child, lines }
     }
 
-    /// The first line containing `needle`, within 30 s.
+    /// The first line containing `needle`, within 30 s. On failure the lines passed over are
+    /// in the panic message: a child that exited early usually said why.
     pub fn wait_for(&self, needle: &str) -> String {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut passed = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
-                Ok(_) => continue,
-                Err(e) => panic!("no line containing {needle:?}: {e}"),
+                Ok(line) => passed.push(line),
+                Err(e) => panic!("no line containing {needle:?}: {e}; lines before: {passed:#?}"),
             }
         }
     }

@@ -106,7 +106,7 @@ def corral(request, sims):
     if request.param == "serve":
         proc, url = _serve_over(sims)
     else:
-        proc = Proc("demo", "--port", str(free_port()), "--admin-port", "0", "--db", os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "demo.db"))
+        proc = Proc("demo", "--port", "0", "--admin-port", "0", "--db", os.path.join(tempfile.mkdtemp(prefix="corral-py-"), "demo.db"))
         (url,) = proc.urls("Ollama API:")
     yield url
     proc.stop()
