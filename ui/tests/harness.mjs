@@ -11,12 +11,12 @@ export const BIN = process.env.CORRAL_BIN || resolve(here, "../../target/debug/c
 export const TOKEN = "ui-test-token-5be0c3f18a7d2946e1";
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 
-/** Poll `check` every 100 ms until it holds; fail after `ms` naming `what`. Bounded, no sleeps. */
-export async function until(what, check, ms = 10000) {
+/** Poll `check` every 100 ms until it holds; fail after `ms` naming `what` and what `seen` reads then. Bounded, no sleeps. */
+export async function until(what, check, ms = 10000, seen = async () => "") {
   const end = Date.now() + ms;
   for (;;) {
     if (await check()) return;
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}; seen: ${await seen().catch((e) => String(e))}`);
     await new Promise((r) => setTimeout(r, 100));
   }
 }

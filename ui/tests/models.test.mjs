@@ -75,7 +75,7 @@ test("the time-to-first-token grid runs per node and model, sorts by a column, r
   await until("every llama3.2 cell timed", async () => {
     for (const n of ["gpu0", "gpu1", "gpu2"]) if (!(await page.$(`${cell(n, "llama3.2:latest")} [data-testid=ms]`))) return false;
     return true;
-  }, 20000);
+  }, 20000, () => page.textContent("[data-testid=latency-grid] tbody"));
   const msOf = async (n) => {
     const t = await page.textContent(`${cell(n, "llama3.2:latest")} [data-testid=ms]`);
     return t.endsWith(" s") ? parseFloat(t) * 1000 : parseFloat(t);
