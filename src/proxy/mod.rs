@@ -104,18 +104,7 @@ fn not_served(method: &Method, path: &str) -> Option<&'static str> {
 /// invalid UTF-8 anywhere, a field given twice) stop here with a 400 instead of travelling to a
 /// node; the bytes forwarded are still the client's own.
 pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, Peek), BrokerError> {
-    // A large body takes a while to read through: off the async workers, so one upload never
-    // stalls other connections (the admin listener's included).
-    let multi_thread = || {
-        tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
-    };
-    let peek = if body.len() > 256 * 1024 && multi_thread() {
-        tokio::task::block_in_place(|| Peek::read(body))
-    } else {
-        Peek::read(body)
-    }
-    .map_err(BrokerError::MalformedJson)?;
+    let peek = Peek::read(body).map_err(BrokerError::MalformedJson)?;
     // Older clients name the model `name` (`/api/show`, `/api/pull`, `/api/delete`);
     // `/api/copy` names it `source`.
     let mut model = None;
@@ -135,6 +124,21 @@ pub fn model_of(body: &[u8]) -> Result<(String, Option<bool>, Peek), BrokerError
     let model = model.ok_or(BrokerError::MissingModel)?;
     check_model_name(&model)?;
     Ok((model, peek.stream, peek))
+}
+
+/// `model_of`, with a large body read on the blocking pool: reading megabytes through takes
+/// milliseconds, and on the async thread one upload would stall every other connection (the
+/// admin listener's included; `corral serve` runs a single-threaded runtime on small machines).
+async fn model_of_body(body: &axum::body::Bytes) -> Result<(String, Option<bool>, Peek), BrokerError> {
+    if body.len() <= 256 * 1024 {
+        return model_of(body);
+    }
+    let body = body.clone();
+    match tokio::task::spawn_blocking(move || model_of(&body)).await {
+        Ok(read) => read,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(BrokerError::ShuttingDown),
+    }
 }
 
 /// Longest model name accepted (Ollama's own names are far shorter: host/namespace/model:tag).
@@ -323,7 +327,7 @@ async fn serve(
     let body = read_body(&parts.headers, body, config.proxy.max_body_bytes, config.proxy.body_read_timeout())
         .await
         .map_err(|e| (e, 0))?;
-    let mut asked = Asked::read(state, &config, endpoint, &parts, &body, trace).map_err(|e| (e, 0))?;
+    let mut asked = Asked::read(state, &config, endpoint, &parts, &body, trace).await.map_err(|e| (e, 0))?;
     let body = limited(&config, &mut asked, parts.uri.path(), body).map_err(|e| (e, 0))?;
     let claim = match idempotency_ask(state, &config, &parts, &asked, &body, trace) {
         Some(ask) => state.idempotency.claim(ask, tokio::time::Instant::now()),
@@ -677,12 +681,12 @@ struct Asked {
 }
 
 impl Asked {
-    fn read(
+    async fn read(
         state: &ProxyState,
         config: &Config,
         endpoint: Endpoint,
         parts: &http::request::Parts,
-        body: &[u8],
+        body: &axum::body::Bytes,
         trace: &mut Option<Trace>,
     ) -> Result<Self, BrokerError> {
         let path = parts.uri.path();
@@ -692,7 +696,7 @@ impl Asked {
                     check_model_name(m)?;
                     (Some(m.to_string()), None, None)
                 }
-                None => model_of(body).map(|(m, s, v)| (Some(m), s, Some(v)))?,
+                None => model_of_body(body).await.map(|(m, s, v)| (Some(m), s, Some(v)))?,
             }
         } else {
             (None, None, None)
@@ -950,6 +954,20 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A body past the inline limit is read on the blocking pool, on either runtime flavour,
+    /// with the same verdicts as inline.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_large_body_is_read_off_the_async_thread_alike() {
+        let pad = "x".repeat(300 * 1024);
+        let good = axum::body::Bytes::from(format!(r#"{{"prompt":"{pad}","model":"llama3.2","stream":false}}"#));
+        let (model, stream, _) = model_of_body(&good).await.expect("read");
+        assert_eq!((model.as_str(), stream), ("llama3.2", Some(false)));
+        let twice = axum::body::Bytes::from(format!(r#"{{"model":"a","prompt":"{pad}","model":"b"}}"#));
+        assert!(matches!(model_of_body(&twice).await, Err(BrokerError::MalformedJson(_))));
+        let none = axum::body::Bytes::from(format!(r#"{{"prompt":"{pad}"}}"#));
+        assert!(matches!(model_of_body(&none).await, Err(BrokerError::MissingModel)));
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig { cases: 2_000, failure_persistence: None, ..ProptestConfig::default() })]
