@@ -55,6 +55,9 @@ pub struct Outbound {
     pub stream: Option<bool>,
     /// Whether a cloud provider may answer when no node can (see `Ticket::has_alternative`).
     pub has_alternative: bool,
+    /// The client speaks HTTP/1 (0.9 to 1.1), whose connection pulls a streamed body ahead on
+    /// its own for a while: read-ahead may start late (`readahead`).
+    pub http1: bool,
 }
 
 /// Why one attempt did not produce a response for the client.
@@ -105,7 +108,7 @@ pub async fn forward(
                     t.mark_first_byte();
                 }
                 let resume = continues(shared, &config, &out, &answer, &node);
-                let read_ahead = super::readahead::Budget::of(shared);
+                let read_ahead = super::readahead::Budget::of(shared).map(|b| b.late_for(out.http1));
                 let resp = relay::respond(
                     answer,
                     Source::Node(guard),

@@ -568,6 +568,7 @@ fn outbound(
 ) -> Outbound {
     let path = parts.uri.path().to_string();
     Outbound {
+        http1: matches!(parts.version, http::Version::HTTP_09 | http::Version::HTTP_10 | http::Version::HTTP_11),
         method: parts.method.clone(),
         path_and_query: parts.uri.path_and_query().map_or(path, |p| p.as_str().to_string()),
         session: parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string),
