@@ -87,22 +87,31 @@ impl Fallback {
     }
 }
 
-/// `plan`'s running choice: (index, wait, service), in nanoseconds from `now`, the service
-/// not yet whole.
-type Best = Option<(usize, u64, f64)>;
+/// `plan`'s running choice: (index, wait, service, finish), in nanoseconds from `now`, the
+/// service not yet whole, the finish as the float `consider` compares (kept, not remade from
+/// the other two per candidate).
+type Best = Option<(usize, u64, f64, f64)>;
+
+/// `wait + service` as a float, for ordering. The wait goes through i64 (one instruction; u64's
+/// conversion is several): clamping at i64::MAX keeps the order, and near-ties are compared
+/// exactly anyway.
+#[inline(always)]
+fn finish_of(wait: u64, service: f64) -> f64 {
+    wait.min(i64::MAX as u64) as i64 as f64 + service
+}
 
 /// Keep candidate `i` in `best` when it finishes earlier (ties: see `Board::plan`; `tie` gives
 /// a candidate's rank, in flight and index). A function, so it is surely inlined into the loop:
 /// as a closure it was a call per candidate, a third of the decision (issue 16).
 #[inline(always)]
 fn consider(best: &mut Best, i: usize, (wait, service): (u64, f64), tie: &impl Fn(usize) -> (u8, usize, usize)) {
+    let finish = finish_of(wait, service);
     let better = match *best {
         None => true,
-        Some((b, best_wait, best_service)) => {
+        Some((b, best_wait, best_service, best_finish)) => {
             // Compared as `quotes` are, in whole nanoseconds; but finishes more than a
             // nanosecond apart (two, for the float sums' rounding) order the same before
             // truncation, so only near-ties pay for the conversions.
-            let (finish, best_finish) = (wait as f64 + service, best_wait as f64 + best_service);
             if finish < best_finish - 2.0 {
                 true
             } else if finish > best_finish + 2.0 {
@@ -118,7 +127,7 @@ fn consider(best: &mut Best, i: usize, (wait, service): (u64, f64), tie: &impl F
         }
     };
     if better {
-        *best = Some((i, wait, service));
+        *best = Some((i, wait, service, finish));
     }
 }
 
@@ -347,7 +356,7 @@ impl Board {
                 consider(&mut best, i, self.price(&nodes[i], &pace, &reader, work, fallback), &tie);
             }
         }
-        let (index, wait, service) = best?;
+        let (index, wait, service, _) = best?;
         let (start, service) = (now + Duration::from_nanos(wait), Duration::from_nanos(nanos(service)));
         Some(Plan { index, start, finish: start + service, service })
     }
