@@ -265,6 +265,58 @@ mod tests {
         client.await.expect("client");
     }
 
+    /// The argument for starting late, against hyper itself: an HTTP/1 client that reads
+    /// nothing after the head (4 KiB receive window), an answer of 100,000 small frames (10 MB)
+    /// ready at once, room for all of it in the buffer. hyper's connection pulls the inline frames, the task takes over and pulls the
+    /// whole answer into the buffer. (With the thresholds out of reach the answer stalls
+    /// within the kernel's and hyper's buffers and this fails.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn through_hyper_a_client_that_reads_nothing_still_gets_the_hand_over() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const FRAMES: usize = 100_000;
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&pulled);
+        let app = axum::Router::new().route(
+            "/",
+            axum::routing::get(move || {
+                let count = Arc::clone(&count);
+                async move {
+                    let frames = futures_util::stream::iter(0..FRAMES).map(move |_| {
+                        count.fetch_add(1, Ordering::Relaxed);
+                        Ok(Bytes::from_static(&[b'x'; 100]))
+                    });
+                    let room = Budget {
+                        per_stream: 64 << 20,
+                        total: Arc::new(Semaphore::new(64 << 20)),
+                        total_max: 64 << 20,
+                        late: true,
+                    };
+                    axum::response::Response::new(body(frames, room, oneshot::channel().1))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(4096).expect("small receive buffer");
+        let mut client = socket.connect(addr).await.expect("connect");
+        client.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("ask");
+        let mut head = [0u8; 256];
+        let n = client.read(&mut head).await.expect("head");
+        assert!(head[..n].starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&head[..n]));
+        let all_pulled = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while pulled.load(Ordering::Relaxed) < FRAMES {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let got = pulled.load(Ordering::Relaxed);
+        server.abort();
+        assert!(all_pulled.is_ok(), "the answer stalled at frame {got} of {FRAMES}");
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn large_frames_hand_over_once_their_bytes_pass_the_bound() {
         let client = tokio::spawn(async {
