@@ -217,7 +217,12 @@ mod tests {
     use super::*;
 
     fn budget(late: bool) -> Budget {
-        Budget { per_stream: 1 << 20, total: Arc::new(Semaphore::new(1 << 22)), total_max: 1 << 22, late }
+        budget_of(late, 1 << 20)
+    }
+
+    /// Room for `bytes` per stream, and for four such streams in all.
+    fn budget_of(late: bool, bytes: u32) -> Budget {
+        Budget { per_stream: bytes, total: Arc::new(Semaphore::new(4 * bytes as usize)), total_max: 4 * bytes, late }
     }
 
     /// An answer of `n` one-byte frames; each frame notes which task pulled it.
@@ -286,13 +291,7 @@ mod tests {
                         count.fetch_add(1, Ordering::Relaxed);
                         Ok(Bytes::from_static(&[b'x'; 100]))
                     });
-                    let room = Budget {
-                        per_stream: 64 << 20,
-                        total: Arc::new(Semaphore::new(64 << 20)),
-                        total_max: 64 << 20,
-                        late: true,
-                    };
-                    axum::response::Response::new(body(frames, room, oneshot::channel().1))
+                    axum::response::Response::new(body(frames, budget_of(true, 64 << 20), oneshot::channel().1))
                 }
             }),
         );
