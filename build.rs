@@ -21,6 +21,8 @@ fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let dist = root.join("ui").join("dist");
     println!("cargo:rerun-if-changed=ui/dist");
+    // sqlx::migrate! embeds migrations/ when the crate compiles: a new migration must rebuild it.
+    println!("cargo:rerun-if-changed=migrations");
     let mut found = Vec::new();
     files(&dist, &mut found);
     found.sort();
