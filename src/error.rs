@@ -41,8 +41,11 @@ pub enum BrokerError {
     /// `did_you_mean`: the closest names the cluster knows (see `catalog`); `unlisted`: nodes
     /// that are down and never listed their models ("gpu1 is down"), which the answer could
     /// not count.
-    #[error("model '{model}' not found: no configured node lists it{}; {}", unlisted_note(.unlisted), advice(.did_you_mean))]
-    ModelNotFound { model: String, did_you_mean: Vec<String>, unlisted: Vec<String> },
+    /// `refused_by`: what the nodes asked said, when the request reached nodes that listed the
+    /// model (or whose lists were not known yet) and each answered Ollama's 404 for it; empty
+    /// when no node was asked.
+    #[error("model '{model}' not found: {}; {}", where_not_found(.unlisted, .refused_by), advice(.did_you_mean))]
+    ModelNotFound { model: String, did_you_mean: Vec<String>, unlisted: Vec<String>, refused_by: String },
     /// `X-Corral-Node` (or a model operation) names a node the config does not have.
     #[error("no node named \"{name}\"; nodes: {known}")]
     UnknownNode { name: String, known: String },
@@ -245,6 +248,8 @@ impl BrokerError {
             Self::CloudNotAllowed { forwarded, .. } | Self::RedactTooLarge { forwarded, .. } => *forwarded,
             // A provider may have started on it before failing.
             Self::CloudFailed { .. } | Self::CloudRateLimited { .. } => true,
+            // Nodes were asked and said they do not have it.
+            Self::ModelNotFound { refused_by, .. } => !refused_by.is_empty(),
             _ => matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy),
         }
     }
@@ -267,7 +272,17 @@ impl BrokerError {
 
     /// A model no node lists, with nothing known yet to suggest instead.
     pub fn model_not_found(model: impl Into<String>) -> Self {
-        Self::ModelNotFound { model: model.into(), did_you_mean: Vec::new(), unlisted: Vec::new() }
+        Self::ModelNotFound {
+            model: model.into(),
+            did_you_mean: Vec::new(),
+            unlisted: Vec::new(),
+            refused_by: String::new(),
+        }
+    }
+
+    /// A model every node asked answered Ollama's 404 for (`refused_by`: "gpu0: HTTP 404 …").
+    pub fn model_refused_by_nodes(model: impl Into<String>, refused_by: String) -> Self {
+        Self::ModelNotFound { model: model.into(), did_you_mean: Vec::new(), unlisted: Vec::new(), refused_by }
     }
 
     /// JSON body in Ollama's error shape plus Corral's fields (`did_you_mean` for
@@ -289,13 +304,17 @@ impl BrokerError {
     }
 }
 
-/// " (gpu1 is down and has not listed its models yet)", or nothing; each entry of `unlisted`
-/// says a node and its state ("gpu1 is down").
-fn unlisted_note(unlisted: &[String]) -> String {
+/// Where the model was looked for: in the nodes' lists ("no configured node lists it (gpu1 is
+/// down and has not listed its models yet)"; each entry of `unlisted` says a node and its state,
+/// "gpu1 is down"), or, when nodes were asked, what they answered.
+fn where_not_found(unlisted: &[String], refused_by: &str) -> String {
+    if !refused_by.is_empty() {
+        return format!("every node asked answered that it does not have it ({refused_by})");
+    }
     match unlisted {
-        [] => String::new(),
-        [one] => format!(" ({one} and has not listed its models yet)"),
-        many => format!(" ({}; none of them has listed its models yet)", many.join(", ")),
+        [] => "no configured node lists it".to_string(),
+        [one] => format!("no configured node lists it ({one} and has not listed its models yet)"),
+        many => format!("no configured node lists it ({}; none of them has listed its models yet)", many.join(", ")),
     }
 }
 
@@ -462,6 +481,7 @@ mod tests {
             model: "llama3.3".into(),
             did_you_mean: did_you_mean.iter().map(|s| s.to_string()).collect(),
             unlisted: unlisted.iter().map(|s| s.to_string()).collect(),
+            refused_by: String::new(),
         };
         assert_eq!(
             e(&[], &[]).to_string(),

@@ -153,6 +153,7 @@ async fn responses_and_messages_pass_to_an_ollama_node_and_its_route_404_is_unto
     for path in ["/v1/responses", "/v1/messages"] {
         let r = c.post(path, json!({"model": "llama3.2", "input": "hi"})).await;
         assert_eq!(r.status(), 404, "this sim has no {path}: the node's own answer");
+        assert_eq!(r.headers()["content-type"], "text/plain", "{path}: the node's own content type");
         assert_eq!(r.text().await.expect("text"), "404 page not found", "passed through untouched");
         assert_eq!(c.sims[0].count(path), 1, "{path} reached the node");
     }

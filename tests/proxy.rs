@@ -567,6 +567,36 @@ async fn a_stale_model_list_is_corrected_by_the_nodes_own_404() {
 }
 
 #[tokio::test]
+async fn nodes_that_list_a_model_but_answer_404_for_it_are_named_and_the_request_counts_as_sent() {
+    let c = cluster(2).start().await;
+    c.learn_models().await;
+    let missing = "model \"llama3.2\" not found, try pulling it first";
+    for sim in &c.sims {
+        sim.update_faults(|f| {
+            let mut step = corral::sim::ScriptStep::new(404, 1);
+            step.error = Some(corral::sim::StepError { message: missing.into(), kind: None, code: None });
+            f.script.push_back(step);
+        });
+    }
+    let asked = |c: &common::Cluster| c.sims.iter().map(|s| s.count("/api/chat")).sum::<usize>();
+    let before = asked(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(asked(&c) - before, 2, "both nodes were asked");
+    assert!(!r.headers().contains_key("x-corral-forwarded"), "both nodes received it: {:?}", r.headers());
+    assert_eq!(r.headers()["x-corral-attempts"], "2");
+    let v = r.json::<Value>().await.expect("json");
+    assert_eq!(v["code"], "model_not_found");
+    assert_eq!(v["forwarded"], true, "a request that reached nodes is never reported as sent nowhere: {v}");
+    let msg = v["error"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("model 'llama3.2' not found: "), "Ollama's words first, which clients match on: {msg}");
+    assert!(!msg.contains("no configured node lists it"), "both nodes list it: {msg}");
+    for node in ["n0: HTTP 404", "n1: HTTP 404"] {
+        assert!(msg.contains(node) && msg.contains("try pulling it first"), "each node's own answer ({node}): {msg}");
+    }
+}
+
+#[tokio::test]
 async fn a_client_that_trickles_its_headers_is_cut_off_and_others_are_served() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let c = cluster(1).config(|cfg| cfg.proxy.header_read_timeout_ms = 300).start().await;

@@ -260,10 +260,11 @@ fn estimated(mut resp: Response, estimate: Option<Duration>) -> Response {
 /// Turn the failed attempts into the one error the client sees.
 fn summarize(failures: &[(String, AttemptFailed)], model: Option<&str>) -> BrokerError {
     let attempts = failures.len() as u32;
-    if let (Some(m), true) = (model, failures.iter().all(|(_, f)| f.outcome == Outcome::ModelMissing)) {
-        return BrokerError::model_not_found(m);
-    }
     let detail = failures.iter().map(|(n, f)| format!("{n}: {}", f.detail)).collect::<Vec<_>>().join("; ");
+    if let (Some(m), true) = (model, failures.iter().all(|(_, f)| f.outcome == Outcome::ModelMissing)) {
+        // The nodes received it and said so: never reported as sent nowhere.
+        return BrokerError::model_refused_by_nodes(m, detail);
+    }
     let reached = failures.iter().any(|(_, f)| f.outcome != Outcome::ConnectFailed);
     if !reached {
         return BrokerError::NoNodeReachable { detail };
@@ -544,6 +545,7 @@ async fn not_found(
     resp: reqwest::Response,
     translated: bool,
 ) -> Result<Response, AttemptFailed> {
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let body = upstream::read_small(resp, Duration::from_secs(2)).await;
     if says_model_missing(&body) {
         // Stale model list (say, before the first deep probe): try a node that has it.
@@ -552,9 +554,17 @@ async fn not_found(
         }
         return Err(judged(guard, Outcome::ModelMissing, format!("HTTP 404 {}", body.trim())));
     }
-    let body = if translated { native_error(body.as_bytes()).to_string() } else { body };
     guard.judge(Outcome::Success);
-    Ok(whole(StatusCode::NOT_FOUND, body))
+    if translated {
+        return Ok(whole(StatusCode::NOT_FOUND, native_error(body.as_bytes()).to_string()));
+    }
+    // The node's own answer as it sent it: Go's plain `404 page not found` stays plain text.
+    let mut r = whole(StatusCode::NOT_FOUND, body);
+    match content_type {
+        Some(ct) => r.headers_mut().insert(header::CONTENT_TYPE, ct),
+        None => r.headers_mut().remove(header::CONTENT_TYPE),
+    };
+    Ok(r)
 }
 
 /// Whether a node's 404 body says the *model* is missing (Ollama: `{"error":"model \"x\" not

@@ -295,7 +295,7 @@ fn settle(trace: &mut Option<Trace>, response: &Response) {
 /// any node lists (whatever its health now) or the request's category may send to a provider
 /// ("did you mean"), and the nodes that are down and never listed their models.
 fn explained(shared: &Shared, category: Option<&str>, e: BrokerError) -> BrokerError {
-    let BrokerError::ModelNotFound { model, .. } = e else { return e };
+    let BrokerError::ModelNotFound { model, refused_by, .. } = e else { return e };
     let config = shared.config();
     let cat = category.and_then(|c| config.category(c)).filter(|c| c.may_fall_back());
     let mapped = config
@@ -305,7 +305,7 @@ fn explained(shared: &Shared, category: Option<&str>, e: BrokerError) -> BrokerE
         .flat_map(|p| p.model_map.keys().map(String::as_str));
     let known = crate::catalog::known_models(&shared.registry, mapped);
     let did_you_mean = crate::catalog::closest(&model, &known);
-    BrokerError::ModelNotFound { did_you_mean, unlisted: crate::catalog::unlisted(&shared.registry), model }
+    BrokerError::ModelNotFound { did_you_mean, unlisted: crate::catalog::unlisted(&shared.registry), model, refused_by }
 }
 
 async fn serve(
