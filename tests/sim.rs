@@ -84,6 +84,76 @@ async fn unknown_model_and_missing_model_are_worded_like_ollama() {
 }
 
 #[tokio::test]
+async fn structured_output_is_json_the_format_or_response_format_describes() {
+    let (sim, c) = node().await;
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+            "kind": {"enum": ["cat", "dog"]},
+            "home": {"type": ["object", "null"], "properties": {"city": {"type": "string"}}},
+            "ok": {"type": "boolean"}
+        },
+        "required": ["name", "age"]
+    });
+    let post = |path: &str, body: Value| c.post(format!("{}{path}", sim.url())).json(&body).send();
+    let msgs = json!([{"role": "user", "content": "describe a pet"}]);
+    // Native chat, whole and streamed (the stream's pieces join into the same JSON).
+    let whole: Value =
+        post("/api/chat", json!({"model": "llama3.2", "messages": msgs, "format": schema, "stream": false}))
+            .await
+            .expect("answer")
+            .json()
+            .await
+            .expect("json");
+    let content = whole["message"]["content"].as_str().expect("content");
+    let v: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("not JSON ({e}): {content}"));
+    assert!(v["name"].as_str().is_some_and(|n| !n.is_empty()), "{v}");
+    assert_eq!(
+        (&v["age"], &v["kind"], &v["ok"], &v["home"]["city"].is_string()),
+        (&json!(1), &json!("cat"), &json!(true), &true),
+        "{v}"
+    );
+    assert_eq!(v["tags"].as_array().map(Vec::len), Some(2), "minItems: {v}");
+    let r = post("/api/chat", json!({"model": "llama3.2", "messages": msgs, "format": schema})).await.expect("answer");
+    let lines = ndjson(&r.text().await.expect("body"));
+    assert!(lines.len() > 3, "streamed in pieces: {lines:?}");
+    let joined: String = lines.iter().filter_map(|l| l["message"]["content"].as_str()).collect();
+    assert_eq!(joined, content, "the pieces join into the same answer");
+    // "json": any JSON object; generate too.
+    let g: Value =
+        post("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "format": "json", "stream": false}))
+            .await
+            .expect("answer")
+            .json()
+            .await
+            .expect("json");
+    let v: Value = serde_json::from_str(g["response"].as_str().expect("response")).expect("a JSON object");
+    assert!(v.is_object(), "{v}");
+    // OpenAI's response_format on /v1.
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "pet", "schema": schema}});
+    let o: Value = post("/v1/chat/completions", json!({"model": "llama3.2", "messages": msgs, "response_format": rf}))
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    let v: Value =
+        serde_json::from_str(o["choices"][0]["message"]["content"].as_str().expect("content")).expect("JSON");
+    assert_eq!(v["age"], 1, "{v}");
+    // No format: words, not JSON.
+    let plain: Value = post("/api/chat", json!({"model": "llama3.2", "messages": msgs, "stream": false}))
+        .await
+        .expect("answer")
+        .json()
+        .await
+        .expect("json");
+    assert!(serde_json::from_str::<Value>(plain["message"]["content"].as_str().unwrap_or("")).is_err());
+}
+
+#[tokio::test]
 async fn generate_stream_has_ollama_final_chunk() {
     let (sim, c) = node().await;
     let r = c

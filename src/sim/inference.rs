@@ -193,6 +193,9 @@ impl Answer {
         let (thinking, tool_call) = scripted(kind, req, seed);
         let completion = if tool_call.is_some() {
             text::Completion { tokens: vec![], done_reason: "stop" }
+        } else if let Some(schema) = wanted_json(kind, req) {
+            let words = text::complete(seed, Some(6)).tokens.concat();
+            json_tokens(&json_answer(schema, words.trim(), 0), num_predict)
         } else if s.spec.echo {
             text::Completion { tokens: echo_tokens(&last_user_text(kind, req)), done_reason: "stop" }
         } else {
@@ -674,4 +677,77 @@ fn tool_call(tool: &Value) -> Option<(String, Value)> {
         args.insert(k.clone(), v);
     }
     Some((name, Value::Object(args)))
+}
+
+/// The JSON a request asks the answer to be (Ollama's `format`: `"json"` or a JSON Schema;
+/// OpenAI's `response_format`: `json_object`, or `json_schema` with its `schema`, which Ollama's
+/// `/v1` layer turns into `format`): `Some(None)` for any JSON object, `Some(Some(schema))` for
+/// one the schema describes, `None` for free text.
+fn wanted_json(kind: Kind, req: &Value) -> Option<Option<&Value>> {
+    if kind.is_v1() {
+        let f = req.get("response_format")?;
+        return match f.get("type").and_then(Value::as_str)? {
+            "json_object" => Some(None),
+            "json_schema" => Some(f.get("json_schema").and_then(|j| j.get("schema"))),
+            _ => None,
+        };
+    }
+    match req.get("format")? {
+        Value::String(f) if f == "json" => Some(None),
+        schema @ Value::Object(_) => Some(Some(schema)),
+        _ => None,
+    }
+}
+
+/// A value `schema` describes, its strings made of `words`: the first of an `enum` or
+/// `anyOf`/`oneOf`, 1 for numbers, true for booleans, every property of an object, one item
+/// of an array (as many as `minItems` asks, up to 3). Without a schema, `{"response": words}`.
+/// Nesting deeper than 8 (or a schema that refers to itself) ends in `null`.
+fn json_answer(schema: Option<&Value>, words: &str, depth: usize) -> Value {
+    let Some(schema) = schema else { return json!({ "response": words }) };
+    if depth > 8 {
+        return Value::Null;
+    }
+    if let Some(first) = schema.get("enum").and_then(|e| e.get(0)).or_else(|| schema.get("const")) {
+        return first.clone();
+    }
+    if let Some(first) = ["anyOf", "oneOf"].iter().find_map(|k| schema.get(*k).and_then(|a| a.get(0))) {
+        return json_answer(Some(first), words, depth + 1);
+    }
+    let kind = match schema.get("type") {
+        Some(Value::Array(types)) => types.iter().filter_map(Value::as_str).find(|t| *t != "null"),
+        Some(t) => t.as_str(),
+        None if schema.get("properties").is_some() => Some("object"),
+        None => None,
+    };
+    match kind {
+        Some("object") => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let fields = props.into_iter().flatten().map(|(k, p)| (k.clone(), json_answer(Some(p), words, depth + 1)));
+            Value::Object(fields.collect())
+        }
+        Some("array") => {
+            let n = schema.get("minItems").and_then(Value::as_u64).unwrap_or(1).clamp(1, 3) as usize;
+            Value::Array(vec![json_answer(schema.get("items"), words, depth + 1); n])
+        }
+        Some("integer" | "number") => json!(1),
+        Some("boolean") => json!(true),
+        Some("null") => Value::Null,
+        _ => Value::String(words.to_string()),
+    }
+}
+
+/// `value`'s JSON text as a model streams it: a token per word or punctuation run, which joined
+/// give the text back exactly. Cut at `num_predict` tokens (`done_reason: "length"`), as a
+/// constrained answer that runs out of tokens is cut, mid-JSON.
+fn json_tokens(value: &Value, num_predict: Option<i64>) -> text::Completion {
+    let text = value.to_string();
+    let mut tokens: Vec<String> = text.split_inclusive([' ', ',', ':']).map(str::to_string).collect();
+    match num_predict.and_then(|n| usize::try_from(n).ok()).filter(|&n| n < tokens.len()) {
+        Some(n) => {
+            tokens.truncate(n);
+            text::Completion { tokens, done_reason: "length" }
+        }
+        None => text::Completion { tokens, done_reason: "stop" },
+    }
 }

@@ -53,6 +53,19 @@ def test_bind_tools_request_reaches_a_sim(sims, served):
     assert after == before + 1, "one /api/chat with tools reached exactly one sim node"
 
 
+def test_structured_output_parses_into_the_model(corral):
+    # Ollama constrains the answer to the schema; the sim answers a value of it.
+    from pydantic import BaseModel
+
+    class Pet(BaseModel):
+        name: str
+        age: int
+        tags: list[str]
+
+    r = ChatOllama(model="llama3.2", base_url=corral).with_structured_output(Pet).invoke("describe a pet")
+    assert isinstance(r, Pet) and r.name and r.age == 1 and len(r.tags) == 1, r
+
+
 def test_embeddings(corral):
     e = OllamaEmbeddings(model="nomic-embed-text", base_url=corral)
     docs = e.embed_documents(["one", "two", "three"])

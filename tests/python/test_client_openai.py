@@ -56,6 +56,21 @@ def test_response_format(corral):
     schema = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {"type": "object", "properties": {"a": {"type": "string"}}}}}
     r = c.chat.completions.create(model="llama3.2", messages=MSGS, max_tokens=4, response_format=schema)
     assert r.choices[0].message.content is not None
+    assert r.choices[0].finish_reason == "length", "four tokens cut the JSON short, as on Ollama"
+    r = c.chat.completions.create(model="llama3.2", messages=MSGS, response_format=schema)
+    assert isinstance(json.loads(r.choices[0].message.content)["a"], str), r.choices[0].message.content
+
+
+def test_parse_into_a_pydantic_model(corral):
+    from pydantic import BaseModel
+
+    class Pet(BaseModel):
+        name: str
+        age: int
+
+    r = client(corral).chat.completions.parse(model="llama3.2", messages=MSGS, response_format=Pet)
+    pet = r.choices[0].message.parsed
+    assert isinstance(pet, Pet) and pet.name and pet.age == 1, r
 
 
 def test_chat_and_stream_usage_on_llamacpp(llamacpp):
