@@ -174,9 +174,12 @@ fn refuse_invalid(config: &Config) -> Result<(), StartError> {
     }))
 }
 
-/// A reqwest client for nodes (probes, model operations, metadata).
+/// A reqwest client for nodes (probes, model operations, metadata, OpenAI-compatible nodes'
+/// answers, OTLP export). Redirects are never followed: a node (or collector) that answers 3xx
+/// would otherwise send the prompt, or a probe's verdict, to a host nobody configured.
 fn node_reqwest(config: &Config) -> Result<reqwest::Client, StartError> {
     reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(config.proxy.connect_timeout())
         .tcp_nodelay(true)
         .pool_idle_timeout(std::time::Duration::from_secs(60))

@@ -683,3 +683,62 @@ async fn a_fallback_answer_names_the_provider_model_that_answered() {
     assert_eq!(r.json::<Value>().await.expect("json")["model"], "qwen-max");
     assert!(cloud.received().iter().all(|r| r.model.as_deref() == Some("qwen-max")), "what it was asked for");
 }
+
+/// A server that answers everything with `307 Location: <to><path>`: a provider or node that
+/// points somewhere else.
+async fn redirector(to: String) -> String {
+    let app = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let to = to.clone();
+        async move {
+            let location = format!("{to}{}", uri.path());
+            (axum::http::StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, location)], "")
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn a_provider_that_redirects_is_a_failure_and_the_prompt_goes_nowhere_else() {
+    let elsewhere = cloud_sim(|_| {}).await;
+    let bouncer = redirector(elsewhere.url()).await;
+    let p = ProviderConfig { base_url: format!("{bouncer}/v1"), ..provider("openai", &elsewhere) };
+    let c = setup(vec![p]).await;
+    stop_all(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["code"], "cloud_failed");
+    let msg = v["error"].as_str().unwrap_or("");
+    assert!(msg.contains("openai: HTTP 307 redirected to ") && msg.contains("not followed"), "{msg}");
+    assert_eq!(cloud_calls(&elsewhere), 0, "the prompt never reached where the redirect pointed");
+}
+
+#[tokio::test]
+async fn an_openai_kind_node_that_redirects_is_answered_as_it_is_never_followed() {
+    let elsewhere = cloud_sim(|s| s.models = vec!["llama3.2".into()]).await;
+    let bouncer = redirector(elsewhere.url()).await;
+    let c = cluster(0)
+        .config(move |cfg| {
+            cfg.nodes =
+                vec![NodeConfig { name: "llama".into(), url: bouncer, kind: NodeKind::Openai, ..NodeConfig::default() }]
+        })
+        .start()
+        .await;
+    // A client that does not follow redirects itself, to see what Corral did.
+    let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().expect("client");
+    for path in ["/v1/chat/completions", "/api/chat"] {
+        let r = client
+            .post(c.url(path))
+            .header("x-corral-node", "llama")
+            .json(&json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "private"}]}))
+            .send()
+            .await
+            .expect("answer");
+        assert_ne!(r.status(), 200, "{path}: not the answer of the host the redirect named");
+    }
+    assert_eq!(cloud_calls(&elsewhere), 0, "the prompt never reached where the redirect pointed");
+    assert_eq!(elsewhere.count("/v1/models") + elsewhere.count("/health"), 0, "nor did a probe");
+}

@@ -367,7 +367,10 @@ impl Clients {
         if let Some(c) = map.get(&connect_ms) {
             return Ok(c.clone());
         }
+        // Redirects are never followed: the key is bound to one origin, and the prompt must
+        // not go where a 3xx points either (the key would not, the body would).
         let c = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_millis(connect_ms))
             .pool_idle_timeout(Duration::from_secs(60))
             .build()
@@ -620,7 +623,10 @@ async fn try_provider(
     let status = sent.response.status();
     if !status.is_success() {
         let wait = retry_after(sent.response.headers());
-        let text = upstream::read_small(sent.response, Duration::from_secs(2)).await;
+        let text = match redirect_note(&sent.response) {
+            Some(note) => note,
+            None => upstream::read_small(sent.response, Duration::from_secs(2)).await,
+        };
         return Err(refused(status.as_u16(), &text, wait, key.as_deref()));
     }
     // The answer names the model that produced it: the provider's, not the one asked for.
@@ -638,6 +644,16 @@ async fn try_provider(
     let mut headers = HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, content_type);
     Ok(upstream::first_chunk(StatusCode::OK, headers, body, sent_at, remaining, first_byte).await?)
+}
+
+/// What to say of a provider's 3xx, which is not followed: where it pointed (bounded).
+fn redirect_note(response: &reqwest::Response) -> Option<String> {
+    if !response.status().is_redirection() {
+        return None;
+    }
+    let to = response.headers().get(header::LOCATION).and_then(|l| l.to_str().ok()).unwrap_or("nowhere");
+    let to: String = to.chars().take(200).collect();
+    Some(format!("redirected to {to}; redirects are not followed: set base_url to where the provider answers"))
 }
 
 /// `body` with its PII masked, and the restorer for the answer. The scan is linear but may
