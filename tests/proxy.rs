@@ -632,3 +632,51 @@ async fn retrieving_a_model_with_the_openai_sdk_never_makes_it_vanish() {
         assert_eq!(c.chat("llama3.2", false).await.status(), 200, "chat {i} after models.retrieve");
     }
 }
+
+/// A node that answers `/api/version`, an empty `/api/ps`, and `models` model names in
+/// `/api/tags`, padded to at least `pad` bytes, sent in 64 KiB chunks with no length.
+async fn node_listing(models: usize, pad: usize) -> String {
+    use axum::routing::get;
+    let tags = move || async move {
+        let list: Vec<Value> =
+            (0..models).map(|i| json!({"name": format!("m{i}:latest"), "model": format!("m{i}:latest")})).collect();
+        let mut text = json!({ "models": list }).to_string();
+        let closing = text.pop().unwrap_or('}');
+        text.push_str(&" ".repeat(pad.saturating_sub(text.len())));
+        text.push(closing);
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            text.into_bytes().chunks(64 << 10).map(|c| Ok(c.to_vec())).collect();
+        axum::body::Body::from_stream(futures_util::stream::iter(chunks))
+    };
+    let app = axum::Router::new()
+        .route("/api/version", get(|| async { axum::Json(json!({"version": "0.12.0"})) }))
+        .route("/api/ps", get(|| async { axum::Json(json!({"models": []})) }))
+        .route("/api/tags", get(tags));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn a_nodes_model_list_is_read_within_bounds() {
+    let huge = node_listing(10, 9 << 20).await;
+    let many = node_listing(5_000, 0).await;
+    let c = cluster(0)
+        .config(move |cfg| {
+            cfg.nodes = vec![
+                corral::config::NodeConfig { name: "huge".into(), url: huge, ..Default::default() },
+                corral::config::NodeConfig { name: "many".into(), url: many, ..Default::default() },
+            ]
+        })
+        .start()
+        .await;
+    c.learn_models().await;
+    assert_eq!(c.node(0).serves("m0"), None, "a 9 MiB list is not read: the node's models stay unknown");
+    assert_eq!(c.node(1).serves("m0"), Some(true));
+    assert_eq!(c.node(1).serves("m4095"), Some(true), "the first 4,096 models are kept");
+    assert_eq!(c.node(1).serves("m4096"), Some(false), "the rest are not");
+    let r = c.client.get(c.url("/api/tags")).send().await.expect("answer");
+    let body = r.bytes().await.expect("body");
+    assert!(body.len() < 1 << 20, "the merged list holds no 9 MiB node list: {} bytes", body.len());
+}

@@ -324,14 +324,45 @@ pub async fn read_small(resp: reqwest::Response, within: Duration) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// GET `url` and parse its JSON within `timeout`; `None` for any failure or non-2xx.
+/// The most bytes of a node's list (`/api/tags`, `/api/ps`, `/v1/models`, `/props`) Corral
+/// reads: a node with a few hundred models answers tens of KiB; a lying one must not fill the
+/// broker's memory (90 MB of tags held 550 MB, issue found from outside).
+pub(crate) const MAX_LIST_BYTES: usize = 8 << 20;
+
+/// The most models Corral keeps of one node's list.
+pub(crate) const MAX_MODELS: usize = 4096;
+
+/// The whole body of `resp` if it is at most `max` bytes; `None` (and a warning naming `url`)
+/// when it is larger, or for a failed read.
+pub(crate) async fn read_capped(resp: reqwest::Response, max: usize) -> Option<bytes::Bytes> {
+    let url = resp.url().clone();
+    let too_large = || tracing::warn!(%url, max_bytes = max, "a node's answer is larger than Corral reads: ignored");
+    if resp.content_length().is_some_and(|n| n > max as u64) {
+        too_large();
+        return None;
+    }
+    let mut out = bytes::BytesMut::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.ok()?;
+        if out.len() + chunk.len() > max {
+            too_large();
+            return None;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Some(out.freeze())
+}
+
+/// GET `url` and parse its JSON (at most [`MAX_LIST_BYTES`]) within `timeout`; `None` for any
+/// failure, a non-2xx or a larger body.
 pub(crate) async fn get_json(client: &reqwest::Client, url: url::Url, timeout: Duration) -> Option<serde_json::Value> {
     let ask = async {
         let resp = client.get(url).send().await.ok()?;
         if !resp.status().is_success() {
             return None;
         }
-        resp.json::<serde_json::Value>().await.ok()
+        serde_json::from_slice(&read_capped(resp, MAX_LIST_BYTES).await?).ok()
     };
     tokio::time::timeout(timeout, ask).await.ok().flatten()
 }

@@ -89,7 +89,7 @@ async fn fetch(up: &Upstream<'_>, client: &reqwest::Client, path: &str, timeout:
     if !resp.status().is_success() {
         return None;
     }
-    tokio::time::timeout(timeout, resp.bytes()).await.ok()?.ok()
+    tokio::time::timeout(timeout, super::read_capped(resp, super::MAX_LIST_BYTES)).await.ok()?
 }
 
 pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Inventory {
@@ -99,11 +99,13 @@ pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeo
             .into_iter()
             .map(|m| if m.model.is_empty() { m.name } else { m.model })
             .filter(|n| !n.is_empty())
+            .take(super::MAX_MODELS)
             .collect()
     });
     let loaded = ps.and_then(|b| serde_json::from_slice::<PsResponse>(&b).ok()).map(|ps| {
         ps.models
             .into_iter()
+            .take(super::MAX_MODELS)
             .map(|m| LoadedModel {
                 name: m.name,
                 size: m.size,

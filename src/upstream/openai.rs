@@ -65,9 +65,9 @@ fn is_content(line: &[u8]) -> bool {
 
 pub(super) async fn inventory(up: &Upstream<'_>, client: &reqwest::Client, timeout: Duration) -> Inventory {
     let Some(v) = get_json(client, up.url("/v1/models"), timeout).await else { return Inventory::default() };
-    let names = models_as_tags(&v)["models"]
-        .as_array()
-        .map(|a| a.iter().filter_map(|m| m["name"].as_str()).map(str::to_string).collect::<Vec<_>>());
+    let names = models_as_tags(&v)["models"].as_array().map(|a| {
+        a.iter().filter_map(|m| m["name"].as_str()).map(str::to_string).take(super::MAX_MODELS).collect::<Vec<_>>()
+    });
     Inventory { models: Some(names.unwrap_or_default()), loaded: None }
 }
 
