@@ -93,7 +93,8 @@ pub enum BrokerError {
     /// `retry_after`: when one of the providers was rate-limiting, the seconds until the first
     /// of them takes requests again (sent as `Retry-After`).
     #[error("no local node could serve this request ({local}), and every cloud provider failed: {providers}")]
-    CloudFailed { local: String, providers: String, retry_after: Option<u64> },
+    /// `forwarded`: a node or a provider may have received the request.
+    CloudFailed { local: String, providers: String, retry_after: Option<u64>, forwarded: bool },
     /// Every provider the category may use answered 429 (or is sitting out an earlier one),
     /// and none took requests again within the request's queue timeout.
     #[error("no local node could serve this request ({local}), and every cloud provider is rate-limiting: {providers}; try again in {retry_after} s")]
@@ -245,9 +246,11 @@ impl BrokerError {
     /// Whether any node received the request. `false` promises the request ran nowhere.
     pub fn forwarded(&self) -> bool {
         match self {
-            Self::CloudNotAllowed { forwarded, .. } | Self::RedactTooLarge { forwarded, .. } => *forwarded,
-            // A provider may have started on it before failing.
-            Self::CloudFailed { .. } | Self::CloudRateLimited { .. } => true,
+            Self::CloudNotAllowed { forwarded, .. }
+            | Self::RedactTooLarge { forwarded, .. }
+            | Self::CloudFailed { forwarded, .. } => *forwarded,
+            // The provider received it and asked to wait.
+            Self::CloudRateLimited { .. } => true,
             // Nodes were asked and said they do not have it.
             Self::ModelNotFound { refused_by, .. } => !refused_by.is_empty(),
             _ => matches!(self, Self::UpstreamFailed { .. } | Self::UpstreamTimeout { .. } | Self::ClusterBusy),
@@ -427,7 +430,7 @@ mod tests {
             E::TooManyConnections { .. } => E::TooManyConnections { scope: "" },
             E::CloudNotAllowed { .. } => E::CloudNotAllowed { category: "".into(), local: "".into(), forwarded: false },
             E::RedactTooLarge { .. } => E::RedactTooLarge { category: "".into(), bytes: 2, limit: 1, local: "".into(), forwarded: false },
-            E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into(), retry_after: None },
+            E::CloudFailed { .. } => E::CloudFailed { local: "".into(), providers: "".into(), retry_after: None, forwarded: true },
             E::CloudRateLimited { .. } => E::CloudRateLimited { local: "".into(), providers: "".into(), retry_after: 5 },
             E::ForbiddenHost { .. } => E::ForbiddenHost { host: "".into() },
             E::ForbiddenOrigin { .. } => E::ForbiddenOrigin { origin: "".into() },
@@ -506,7 +509,12 @@ mod tests {
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()["retry-after"], "7", "the provider's wait, not a default");
         assert!(!r.headers().contains_key("x-corral-forwarded"), "the provider received it");
-        let failed = |retry_after| BrokerError::CloudFailed { local: "x".into(), providers: "p".into(), retry_after };
+        let failed = |retry_after| BrokerError::CloudFailed {
+            local: "x".into(),
+            providers: "p".into(),
+            retry_after,
+            forwarded: true,
+        };
         assert_eq!(failed(Some(4)).into_response().headers()["retry-after"], "4");
         assert_eq!(failed(None).into_response().headers()["retry-after"], "1", "retryable: the default wait");
         assert_eq!(BrokerError::MissingModel.retry_after(), None, "a wrong request is not worth sending again");

@@ -227,6 +227,20 @@ async fn providers_are_tried_in_order_and_all_failures_are_reported_together() {
     assert!(msg.contains("second: HTTP 401 Incorrect API key"), "{msg}");
     assert!(msg.contains("n0") && msg.contains("n1"), "the local reason too: {msg}");
     assert_eq!(keyed.count("/v1/chat/completions"), 1, "the second was tried after the first");
+    assert_eq!(v["forwarded"], true, "the second provider received it");
+}
+
+#[tokio::test]
+async fn a_fallback_that_reached_no_provider_says_it_was_sent_nowhere() {
+    let dead = cloud_sim(|_| {}).await;
+    dead.stop();
+    let c = setup(vec![provider("first", &dead)]).await;
+    stop_all(&c);
+    let r = c.chat("llama3.2", false).await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers().get("x-corral-forwarded").map(|v| v.as_bytes()), Some(&b"false"[..]), "safe to send again");
+    let v: Value = r.json().await.expect("json");
+    assert_eq!((v["code"].as_str(), v["forwarded"].as_bool()), (Some("cloud_failed"), Some(false)), "{v}");
 }
 
 #[tokio::test]

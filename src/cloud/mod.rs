@@ -74,6 +74,21 @@ pub enum ProviderError {
 }
 
 impl ProviderError {
+    /// Whether the provider may have received the request: not when it failed before anything
+    /// was sent (no key, a bad URL, no connection).
+    fn reached(&self) -> bool {
+        match self {
+            Self::Translate(_)
+            | Self::Key(_)
+            | Self::KeyLookup(_)
+            | Self::BadUrl(_)
+            | Self::Client(_)
+            | Self::Redact(_)
+            | Self::Send(SendError::Connect(_)) => false,
+            Self::Send(_) | Self::Refused(_) | Self::Answer(_) => true,
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             Self::Translate(_) => "untranslatable_request",
@@ -426,6 +441,8 @@ pub struct Fallback {
 struct Unserved {
     why: String,
     busy: bool,
+    /// The provider may have received the request.
+    reached: bool,
 }
 
 /// Answer `req` from the category's providers after the cluster failed with `local`, or say
@@ -466,6 +483,8 @@ pub async fn fall_back(
     // One entry per provider, in the category's order: its last reason.
     let mut failures: Vec<(String, String)> = Vec::new();
     let mut busy: Vec<&ProviderConfig> = Vec::new();
+    // Whether the request reached anything: a node before, or a provider here.
+    let mut forwarded = local.forwarded();
     for name in &req.category.providers {
         if failures.iter().any(|(n, _)| n == name) {
             continue;
@@ -484,13 +503,14 @@ pub async fn fall_back(
             Ok(fb) => return Ok(fb),
             Err(u) => {
                 failures.push((p.name.clone(), u.why));
+                forwarded |= u.reached;
                 if u.busy {
                     busy.push(p);
                 }
             }
         }
     }
-    if let Some(fb) = wait_for_busy(clients, &mut busy, &mut failures, &req, &parsed, &local).await {
+    if let Some(fb) = wait_for_busy(clients, &mut busy, &mut failures, &mut forwarded, &req, &parsed, &local).await {
         return Ok(fb);
     }
     let retry_after = busy.iter().filter_map(|p| clients.held_off(&p.name)).min().map(whole_seconds);
@@ -499,16 +519,18 @@ pub async fn fall_back(
     if !busy.is_empty() && busy.len() == failures.len() {
         return Err(BrokerError::CloudRateLimited { local, providers, retry_after: retry_after.unwrap_or(1) });
     }
-    Err(BrokerError::CloudFailed { local, providers, retry_after })
+    Err(BrokerError::CloudFailed { local, providers, retry_after, forwarded })
 }
 
 /// Nothing else can serve it: wait for the rate-limited provider that is free soonest, when
 /// that is before the request's queue deadline (at most `MAX_WAITS` times). Failures update
-/// `failures`; a provider that fails other than busy leaves `busy`.
+/// `failures` (and `forwarded`, when a provider may have received it); a provider that fails
+/// other than busy leaves `busy`.
 async fn wait_for_busy(
     clients: &Clients,
     busy: &mut Vec<&ProviderConfig>,
     failures: &mut [(String, String)],
+    forwarded: &mut bool,
     req: &Request<'_>,
     parsed: &Value,
     local: &BrokerError,
@@ -524,6 +546,7 @@ async fn wait_for_busy(
         match serve_from(clients, p, req, parsed, local).await {
             Ok(fb) => return Some(fb),
             Err(u) => {
+                *forwarded |= u.reached;
                 if let Some(entry) = failures.iter_mut().find(|(n, _)| *n == p.name) {
                     entry.1 = u.why;
                 }
@@ -567,14 +590,16 @@ async fn serve_from(
             (Next::HoldOff(wait), _) => {
                 clients.hold_off(&p.name, wait);
                 let why = format!("{why} (held off for {} s)", whole_seconds(wait));
-                return Err(Unserved { why, busy: true });
+                return Err(Unserved { why, busy: true, reached: true });
             }
             (Next::Retry, _) if !retried => {
                 retried = true;
                 tokio::time::sleep(clients.backoff()).await;
             }
-            (Next::Retry, _) => return Err(Unserved { why: format!("{why} (also on a retry)"), busy: false }),
-            _ => return Err(Unserved { why: why.to_string(), busy: false }),
+            (Next::Retry, _) => {
+                return Err(Unserved { why: format!("{why} (also on a retry)"), busy: false, reached: why.reached() })
+            }
+            _ => return Err(Unserved { why: why.to_string(), busy: false, reached: why.reached() }),
         }
     }
 }
