@@ -246,8 +246,18 @@ async fn a_config_import_previews_then_applies() {
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["changes"][0]["name"], "shared");
     assert_eq!(v["changes"][0]["action"], "added");
+    assert_eq!(v["trust"][0]["id"], "node:shared:added", "a new node would receive prompts: {v}");
     assert_eq!(c.broker.registry().all().len(), 1, "a dry run changes nothing");
-    let r = c.admin(Method::POST, "/admin/config/import?mode=merge").body(file).send().await.expect("answer");
+    let r = c.admin(Method::POST, "/admin/config/import?mode=merge").body(file.clone()).send().await.expect("answer");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["held_back"][0], "node:shared:added");
+    assert_eq!(c.broker.registry().all().len(), 1, "held back until a person accepts it");
+    let r = c
+        .admin(Method::POST, "/admin/config/import?mode=merge&accept=node:shared:added")
+        .body(file)
+        .send()
+        .await
+        .expect("answer");
     assert_eq!(r.status(), 200);
     assert_eq!(c.broker.registry().all().len(), 2);
     let r = c.admin(Method::POST, "/admin/config/import").body("[[nodes]\nbroken").send().await.expect("answer");

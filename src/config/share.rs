@@ -326,6 +326,14 @@ fn listed(v: &[String]) -> String {
 fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
     let mut out = Vec::new();
     for n in &next.nodes {
+        if !base.nodes.iter().any(|o| o.name == n.name) {
+            out.push(trust(
+                "node",
+                &n.name,
+                "added",
+                format!("new node {} would receive requests (prompts included) at {}", n.name, n.url),
+            ));
+        }
         if let Some(old) = base.nodes.iter().find(|o| o.name == n.name).filter(|o| o.url != n.url) {
             out.push(trust(
                 "node",
@@ -452,7 +460,15 @@ fn hold_back(next: &mut Config, base: &Config, t: &TrustChange) {
         }
     }
     match t.kind {
-        "node" => undo(&mut next.nodes, &base.nodes, |n| &n.name, t),
+        "node" => {
+            undo(&mut next.nodes, &base.nodes, |n| &n.name, t);
+            if t.field == "added" {
+                // A node left out is no category's preference either.
+                for c in &mut next.categories {
+                    c.order.retain(|o| *o != t.name);
+                }
+            }
+        }
         "provider" => undo(&mut next.providers, &base.providers, |p| &p.name, t),
         _ => undo(&mut next.categories, &base.categories, |c| &c.name, t),
     }
@@ -680,6 +696,24 @@ mod tests {
         assert_eq!(p.next.categories, base.categories, "only the accepted change applies");
         let all = plan(&base, file, ImportMode::Merge, &Accept::All).expect("plan");
         assert!(all.held_back.is_empty() && !all.next.categories[0].redact);
+    }
+
+    #[test]
+    fn a_node_the_file_adds_is_held_back_with_the_preferences_that_name_it() {
+        let base = Config::parse(MINE).expect("mine");
+        let file = "[[nodes]]\nname = \"helper\"\nurl = \"http://203.0.113.9:11434\"\n\n[[categories]]\nname = \"default\"\norder = [\"helper\"]\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::none()).expect("plan");
+        let added = p.trust.iter().find(|t| t.id == "node:helper:added").expect("a new node is a trust change");
+        assert_eq!(
+            added.message,
+            "new node helper would receive requests (prompts included) at http://203.0.113.9:11434"
+        );
+        assert!(p.next.nodes.iter().all(|n| n.name != "helper"), "held back");
+        assert!(p.next.categories.iter().all(|c| !c.order.contains(&"helper".to_string())), "and no order names it");
+        assert_eq!(p.next.validate(), Vec::<(String, String)>::new(), "what runs is a valid config");
+        let accepted = Accept::Ids(["node:helper:added".to_string()].into_iter().collect());
+        let p = plan(&base, file, ImportMode::Merge, &accepted).expect("plan");
+        assert!(p.next.nodes.iter().any(|n| n.name == "helper"), "applied once accepted");
     }
 
     #[test]

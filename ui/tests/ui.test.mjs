@@ -185,6 +185,9 @@ test("export then import round-trips, with a preview of what changes", async () 
   await page.setInputFiles("[data-testid=import-file]", file);
   await page.waitForSelector("[data-testid=import-preview]");
   assert.match(await page.textContent("[data-testid=import-preview]"), /\+ node gpu1 added/);
+  // A node the file adds would receive prompts: a trust change, applied only when ticked.
+  assert.match(await page.textContent("[data-testid=trust-changes]"), /new node gpu1 would receive requests/);
+  await page.check("[data-trust-id='node:gpu1:added']");
   await page.click("[data-testid=apply-import]");
   await page.waitForSelector(".good");
   const nodes = await c.adminApi("GET", "/admin/nodes");
