@@ -322,9 +322,70 @@ fn listed(v: &[String]) -> String {
     }
 }
 
+/// Which way a guard weakens: a larger value lets more in (a limit, how long a client may hold
+/// a connection, attempts per request), or a smaller one does (how often nodes are probed).
+#[derive(Clone, Copy, PartialEq)]
+enum Weaker {
+    Up,
+    Down,
+}
+
+/// The settings that protect the broker and the nodes from load and slow or hostile clients
+/// (section, field, which way weakens them). A shared file may tune them, but loosening one is
+/// a trust change: a file could otherwise turn the flood defences off unseen.
+const GUARDS: [(&str, &str, Weaker); 18] = [
+    ("proxy", "max_body_bytes", Weaker::Up),
+    ("proxy", "header_read_timeout_ms", Weaker::Up),
+    ("proxy", "keep_alive_timeout_ms", Weaker::Up),
+    ("proxy", "body_read_timeout_ms", Weaker::Up),
+    ("proxy", "max_connections", Weaker::Up),
+    ("proxy", "max_connections_per_ip", Weaker::Up),
+    ("proxy", "stream_buffer_bytes", Weaker::Up),
+    ("proxy", "stream_buffer_total_bytes", Weaker::Up),
+    ("queue", "max_requests", Weaker::Up),
+    ("queue", "max_bytes", Weaker::Up),
+    ("queue", "remote_share", Weaker::Up),
+    ("queue", "remote_max_wait_ms", Weaker::Up),
+    ("queue", "max_model_ops", Weaker::Up),
+    ("retry", "max_attempts", Weaker::Up),
+    ("retry", "budget_ratio", Weaker::Up),
+    ("retry", "budget_min_per_sec", Weaker::Up),
+    ("health", "interval_ms", Weaker::Down),
+    ("health", "deep_interval_ms", Weaker::Down),
+];
+
+/// A guarding section of `c` as a TOML table.
+fn guard_section(c: &Config, section: &str) -> toml::Table {
+    match section {
+        "proxy" => table_of(&c.proxy),
+        "queue" => table_of(&c.queue),
+        "retry" => table_of(&c.retry),
+        _ => table_of(&c.health),
+    }
+}
+
+/// Every guard `next` loosens against `base`.
+fn loosened_guards(base: &Config, next: &Config, out: &mut Vec<TrustChange>) {
+    let number = |t: &toml::Table, f: &str| match t.get(f) {
+        Some(toml::Value::Integer(i)) => Some(*i as f64),
+        Some(toml::Value::Float(x)) => Some(*x),
+        _ => None,
+    };
+    for (section, field, weaker) in GUARDS {
+        let (old, new) = (guard_section(base, section), guard_section(next, section));
+        let (Some(was), Some(now)) = (number(&old, field), number(&new, field)) else { continue };
+        if (weaker == Weaker::Up && now > was) || (weaker == Weaker::Down && now < was) {
+            let (was, now) = (render(old.get(field)), render(new.get(field)));
+            let message = format!("{section}.{field} would go from {was} to {now}, loosening a guard against load and slow or hostile clients");
+            out.push(trust("section", section, field, message));
+        }
+    }
+}
+
 /// The trust changes from `base` to `next`, each in words.
 fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
     let mut out = Vec::new();
+    loosened_guards(base, next, &mut out);
     for n in &next.nodes {
         if !base.nodes.iter().any(|o| o.name == n.name) {
             out.push(trust(
@@ -460,6 +521,12 @@ fn hold_back(next: &mut Config, base: &Config, t: &TrustChange) {
         }
     }
     match t.kind {
+        "section" => match t.name.as_str() {
+            "proxy" => restore_field(&mut next.proxy, &base.proxy, t.field),
+            "queue" => restore_field(&mut next.queue, &base.queue, t.field),
+            "retry" => restore_field(&mut next.retry, &base.retry, t.field),
+            _ => restore_field(&mut next.health, &base.health, t.field),
+        },
         "node" => {
             undo(&mut next.nodes, &base.nodes, |n| &n.name, t);
             if t.field == "added" {
@@ -714,6 +781,31 @@ mod tests {
         let accepted = Accept::Ids(["node:helper:added".to_string()].into_iter().collect());
         let p = plan(&base, file, ImportMode::Merge, &accepted).expect("plan");
         assert!(p.next.nodes.iter().any(|n| n.name == "helper"), "applied once accepted");
+    }
+
+    #[test]
+    fn a_file_that_loosens_a_guard_is_held_back_and_one_that_tightens_is_not() {
+        let base = Config::parse(MINE).expect("mine");
+        let file = "[proxy]\nheader_read_timeout_ms = 86400000\nmax_body_bytes = 1099511627776\nconnect_timeout_ms = 2500\n\n[queue]\nmax_requests = 10\nremote_share = 1.0\n\n[health]\ninterval_ms = 1\n\n[retry]\nmax_attempts = 1000\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::none()).expect("plan");
+        let ids: Vec<&str> = p.trust.iter().map(|t| t.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "section:proxy:max_body_bytes",
+                "section:proxy:header_read_timeout_ms",
+                "section:queue:remote_share",
+                "section:retry:max_attempts",
+                "section:health:interval_ms"
+            ],
+            "only loosened guards, not max_requests lowered nor a plain timeout"
+        );
+        assert_eq!(p.next.proxy.header_read_timeout_ms, base.proxy.header_read_timeout_ms, "held back");
+        assert_eq!(p.next.health.interval_ms, base.health.interval_ms);
+        assert_eq!((p.next.queue.max_requests, p.next.proxy.connect_timeout_ms), (10, 2500), "the rest applies");
+        assert!(p.trust[1].message.contains("proxy.header_read_timeout_ms would go from"), "{}", p.trust[1].message);
+        let p = plan(&base, file, ImportMode::Merge, &Accept::All).expect("plan");
+        assert_eq!(p.next.health.interval_ms, 1, "applied when a person accepts it");
     }
 
     #[test]
