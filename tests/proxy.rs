@@ -680,3 +680,50 @@ async fn a_nodes_model_list_is_read_within_bounds() {
     let body = r.bytes().await.expect("body");
     assert!(body.len() < 1 << 20, "the merged list holds no 9 MiB node list: {} bytes", body.len());
 }
+
+/// A node that lists llama3.2 and answers every `/api/chat` with `body` as one
+/// `application/json` 200, whatever was asked (as an older Ollama or a proxy might).
+async fn node_answering_json(body: &'static str) -> String {
+    use axum::routing::{get, post};
+    let app = axum::Router::new()
+        .route("/api/version", get(|| async { axum::Json(json!({"version": "0.12.0"})) }))
+        .route("/api/ps", get(|| async { axum::Json(json!({"models": []})) }))
+        .route(
+            "/api/tags",
+            get(|| async { axum::Json(json!({"models": [{"name": "llama3.2:latest", "model": "llama3.2:latest"}]})) }),
+        )
+        .route(
+            "/api/chat",
+            post(move || async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+#[tokio::test]
+async fn one_json_instead_of_a_stream_is_relayed_only_when_it_parses() {
+    let whole = r#"{"model":"llama3.2","message":{"role":"assistant","content":"hi"},"done":true}"#;
+    let cut = r#"{"model":"llama3.2","message":{"role":"assistant","content":"hi""#;
+    for (body, ok) in [(whole, true), (cut, false)] {
+        let url = node_answering_json(body).await;
+        let c = cluster(0)
+            .config(move |cfg| {
+                cfg.nodes = vec![corral::config::NodeConfig { name: "odd".into(), url, ..Default::default() }]
+            })
+            .start()
+            .await;
+        c.learn_models().await;
+        let r = c.chat("llama3.2", false).await;
+        if ok {
+            assert_eq!(r.status(), 200);
+            assert_eq!(r.text().await.expect("body"), whole, "relayed as the node sent it");
+        } else {
+            assert_eq!(r.status(), 502, "a cut JSON is the node's failure, not a 200");
+            let v: Value = r.json().await.expect("json");
+            assert_eq!(v["code"], "upstream_failed");
+            assert!(v["error"].as_str().is_some_and(|m| m.contains("one JSON instead of a stream")), "{v}");
+        }
+    }
+}

@@ -370,9 +370,12 @@ async fn attempt_once(
     };
     node.observe_ttfb(answer.sent_at.elapsed());
     match assembled {
-        Some(api) if answer.status == StatusCode::OK && is_stream(&answer.headers) => {
+        Some(api) if answer.status == StatusCode::OK => {
             let idle = category.map_or(config.proxy.idle_timeout(), |c| c.stream_idle_timeout());
-            assembled_attempt(guard, answer, api, idle).await
+            match is_stream(&answer.headers) {
+                true => assembled_attempt(guard, answer, api, idle).await,
+                false => whole_attempt(guard, answer, idle).await,
+            }
         }
         _ => Ok(Attempt::Relay(answer, guard)),
     }
@@ -484,6 +487,22 @@ async fn not_an_answer(
         return Err(Ok(whole(status, native_error(body.as_bytes()).to_string())));
     }
     Ok(sent)
+}
+
+/// The attempt's end when a node asked for a stream sent one JSON instead: relayed once it is
+/// read whole and parses; a cut, garbled or oversized one is the node's failure.
+async fn whole_attempt(mut guard: InFlight, mut answer: Answer, idle: Duration) -> Result<Attempt, AttemptFailed> {
+    let (status, sent_at, headers) = (answer.status, answer.sent_at, std::mem::take(&mut answer.headers));
+    match assemble::collect_json(answer, idle).await {
+        Ok(body) => {
+            let rest: upstream::BodyStream = Box::pin(futures_util::stream::empty());
+            Ok(Attempt::Relay(Answer { status, headers, first: Some(body), body: rest, sent_at }, guard))
+        }
+        Err(e) => {
+            let outcome = if matches!(e, AssembleError::Stalled(_)) { Outcome::TimedOut } else { Outcome::Failed };
+            Err(judged(&mut guard, outcome, format!("one JSON instead of a stream: {e}")))
+        }
+    }
 }
 
 /// The attempt's end once its streamed answer is read whole and made into one JSON.

@@ -196,6 +196,30 @@ pub async fn collect(mut answer: Answer, api: Api, idle: Duration) -> Result<Byt
     joined.finish().map(Bytes::from)
 }
 
+/// A node asked for a stream that answered one JSON instead (an older Ollama, a proxy in
+/// front of it): the whole of it, read within the same bounds as a stream (`idle` between
+/// chunks, [`MAX_STREAM_BYTES`] in all) and checked to be one JSON value, so a cut or garbled
+/// answer is the node's failure, not a client's 200.
+pub async fn collect_json(mut answer: Answer, idle: Duration) -> Result<Bytes, AssembleError> {
+    let mut out = Vec::new();
+    if let Some(first) = answer.first.take() {
+        out.extend_from_slice(&first);
+    }
+    loop {
+        if out.len() > MAX_STREAM_BYTES {
+            return Err(AssembleError::TooLarge);
+        }
+        match tokio::time::timeout(idle, answer.body.next()).await {
+            Err(_) => return Err(AssembleError::Stalled(idle.as_millis())),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(AssembleError::Cut(e.to_string())),
+            Ok(Some(Ok(chunk))) => out.extend_from_slice(&chunk),
+        }
+    }
+    serde_json::from_slice::<serde::de::IgnoredAny>(&out).map_err(|e| AssembleError::Malformed(e.to_string()))?;
+    Ok(Bytes::from(out))
+}
+
 /// An answer being joined from Ollama's NDJSON or its OpenAI layer's SSE.
 enum Joined {
     Lines(Assembler),
