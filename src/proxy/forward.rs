@@ -301,6 +301,15 @@ fn copy_headers(from: &HeaderMap) -> HeaderMap {
     from.iter().filter(|(k, _)| !is_hop_header(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
+/// A node's answer headers as the client gets them: without hop headers, and without what only
+/// Corral decides for its clients. A cookie set by a node would be the browser's for every port
+/// of the host (the admin UI's included), and CORS is the listener's own rule
+/// (`browser::cors`), never a node's.
+fn answer_headers(from: &HeaderMap) -> HeaderMap {
+    let corrals = |k: &HeaderName| k == header::SET_COOKIE || k.as_str().starts_with("access-control-");
+    from.iter().filter(|(k, _)| !is_hop_header(k) && !corrals(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
 /// What a successful attempt produced.
 enum Attempt {
     /// A body to relay chunk by chunk; its first chunk is already here. The guard holds the
@@ -612,7 +621,7 @@ fn says_unsupported(body: &str) -> bool {
 /// The answer's body (translated back for an OpenAI-compatible node) up to its first chunk.
 async fn node_answer(sent: upstream::Sent, plan: Option<Plan>) -> Result<Answer, SendError> {
     let status = sent.response.status();
-    let mut headers = copy_headers(sent.response.headers());
+    let mut headers = answer_headers(sent.response.headers());
     let remaining = sent.remaining();
     let (sent_at, first_byte) = (sent.sent_at, sent.first_byte);
     let body = match plan.and_then(|p| p.native.map(|n| (n, p.model))) {
@@ -669,6 +678,19 @@ mod tests {
         assert!(out.get("connection").is_none());
         assert!(out.get("x-corral-category").is_none(), "Corral's own headers stay with Corral");
         assert_eq!(out["authorization"], "Bearer t");
+    }
+
+    #[test]
+    fn a_nodes_cookies_and_cors_never_reach_the_client() {
+        let mut h = HeaderMap::new();
+        h.insert("set-cookie", HeaderValue::from_static("session=node; Path=/"));
+        h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+        h.insert("access-control-allow-credentials", HeaderValue::from_static("true"));
+        h.insert("x-corral-node", HeaderValue::from_static("spoofed"));
+        h.insert("content-type", HeaderValue::from_static("application/x-ndjson"));
+        let out = answer_headers(&h);
+        let names: Vec<&str> = out.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["content-type"], "only the node's own description of its answer");
     }
 
     fn summarize_any(f: &[(String, AttemptFailed)]) -> BrokerError {
