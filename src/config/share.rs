@@ -314,6 +314,18 @@ fn trust(kind: &'static str, name: &str, field: &'static str, message: String) -
     TrustChange { id: format!("{kind}:{name}:{field}"), kind, name: name.to_string(), field, message, accepted: false }
 }
 
+/// `url` as it will be dialled: a host in another script is shown as DNS sees it (punycode),
+/// with what the file wrote beside it, so `аpi.openai.com` (a Cyrillic а) cannot pass for
+/// `api.openai.com` in a preview.
+fn shown(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(u) if u.host_str().is_some_and(|h| h.starts_with("xn--") || h.contains(".xn--")) => {
+            format!("{} (written {url})", u.as_str())
+        }
+        _ => url.to_string(),
+    }
+}
+
 fn listed(v: &[String]) -> String {
     if v.is_empty() {
         "none".into()
@@ -392,7 +404,7 @@ fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
                 "node",
                 &n.name,
                 "added",
-                format!("new node {} would receive requests (prompts included) at {}", n.name, n.url),
+                format!("new node {} would receive requests (prompts included) at {}", n.name, shown(&n.url)),
             ));
         }
         if let Some(old) = base.nodes.iter().find(|o| o.name == n.name).filter(|o| o.url != n.url) {
@@ -402,7 +414,9 @@ fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
                 "url",
                 format!(
                     "node {} would receive requests (prompts included) at {} instead of {}",
-                    n.name, n.url, old.url
+                    n.name,
+                    shown(&n.url),
+                    shown(&old.url)
                 ),
             ));
         }
@@ -412,7 +426,7 @@ fn trust_changes(base: &Config, next: &Config) -> Vec<TrustChange> {
         if old.base_url != p.base_url {
             out.push(trust("provider", &p.name, "base_url", format!(
                 "provider {} would send requests to {} instead of {}; its key is not sent there until a person re-confirms it (corral secret bind)",
-                p.name, p.base_url, old.base_url)));
+                p.name, shown(&p.base_url), shown(&old.base_url))));
         }
         if old.secret != p.secret {
             let was = if old.secret.is_empty() { "no key".to_string() } else { format!("\"{}\"", old.secret) };
@@ -557,7 +571,7 @@ fn key_notes(base: &Config, next: &Config) -> Vec<String> {
         .map(|p| {
             format!(
             "provider {} gets key \"{}\" only if it is bound to {}: confirm with `corral secret bind {} --origin {}`",
-            p.name, p.secret, origin(&p.base_url), p.secret, p.base_url)
+            p.name, p.secret, origin(&p.base_url), p.secret, shown(&p.base_url))
         })
         .collect()
 }
@@ -806,6 +820,16 @@ mod tests {
         assert!(p.trust[1].message.contains("proxy.header_read_timeout_ms would go from"), "{}", p.trust[1].message);
         let p = plan(&base, file, ImportMode::Merge, &Accept::All).expect("plan");
         assert_eq!(p.next.health.interval_ms, 1, "applied when a person accepts it");
+    }
+
+    #[test]
+    fn a_look_alike_host_is_shown_as_dns_sees_it() {
+        let base = Config::parse(MINE).expect("mine");
+        let file = "[[nodes]]\nname = \"gpu1\"\nurl = \"http://gр\u{0443}0.example:11434\"\n";
+        let p = plan(&base, file, ImportMode::Merge, &Accept::none()).expect("plan");
+        let t = p.trust.iter().find(|t| t.id == "node:gpu1:url").expect("a re-pointed node");
+        assert!(t.message.contains("http://xn--g0-") && t.message.contains("(written http://g"), "{}", t.message);
+        assert_eq!(shown("https://api.openai.com/v1"), "https://api.openai.com/v1", "plain hosts as written");
     }
 
     #[test]

@@ -213,14 +213,8 @@ fn nodes(c: &Config, out: &mut Found) {
         } else if !names.insert(n.name.as_str()) {
             push(out, format!("nodes[{i}].name"), format!("\"{}\" is used by an earlier node", n.name));
         }
-        match url::Url::parse(&n.url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            Ok(u) => push(
-                out,
-                format!("nodes[{i}].url"),
-                format!("\"{}\" must be an http:// or https:// URL with a host (got scheme {})", n.url, u.scheme()),
-            ),
-            Err(e) => push(out, format!("nodes[{i}].url"), format!("\"{}\" is not a URL: {e}", n.url)),
+        if let Some(why) = upstream_url_problem(&n.url) {
+            push(out, format!("nodes[{i}].url"), why);
         }
         if n.weight == 0 {
             push(out, format!("nodes[{i}].weight"), "must be greater than 0");
@@ -229,6 +223,29 @@ fn nodes(c: &Config, out: &mut Found) {
             push(out, format!("nodes[{i}].max_concurrency"), "must be at least 1");
         }
     }
+}
+
+/// What is wrong with a node's `url` or a provider's `base_url`, in words: it must be http(s)
+/// with a host, and hold no user name or password (`http://trusted@evil:1` goes to `evil`, and
+/// keys belong in the keyring) and no query or fragment (paths are appended to it).
+fn upstream_url_problem(raw: &str) -> Option<String> {
+    let u = match url::Url::parse(raw) {
+        Ok(u) => u,
+        Err(e) => return Some(format!("\"{raw}\" is not a URL: {e}")),
+    };
+    if !matches!(u.scheme(), "http" | "https") || u.host().is_none() {
+        return Some(format!("\"{raw}\" must be an http:// or https:// URL with a host (got scheme {})", u.scheme()));
+    }
+    let host = u.host_str().unwrap_or_default();
+    if !u.username().is_empty() || u.password().is_some() {
+        return Some(format!(
+            "\"{raw}\" holds a user name or password before '@': its host is {host}; keys go in the keyring (secret), never in a URL"
+        ));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Some(format!("\"{raw}\" has a query or fragment ('?', '#'): give scheme://host[:port][/path]"));
+    }
+    None
 }
 
 /// `[[categories]]`: unique names; `order`, `providers` and `models` refer to real things.
@@ -381,14 +398,8 @@ fn providers(c: &Config, out: &mut Found) {
         } else if !provs.insert(p.name.as_str()) {
             push(out, format!("providers[{i}].name"), format!("\"{}\" is used by an earlier provider", p.name));
         }
-        match url::Url::parse(&p.base_url) {
-            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {}
-            Ok(_) => push(
-                out,
-                format!("providers[{i}].base_url"),
-                format!("\"{}\" must be an http:// or https:// URL", p.base_url),
-            ),
-            Err(e) => push(out, format!("providers[{i}].base_url"), format!("\"{}\" is not a URL: {e}", p.base_url)),
+        if let Some(why) = upstream_url_problem(&p.base_url) {
+            push(out, format!("providers[{i}].base_url"), why);
         }
         if !p.secret.is_empty() && crate::secrets::check_name(&p.secret).is_err() {
             push(
@@ -724,6 +735,23 @@ mod tests {
             "[[categories]]\nname = \"default\"\n\n[categories.limits]\nmax_predict = 512\nover_limit = \"clamp\"\n";
         let c = Config::parse(ok).unwrap_or_else(|e| panic!("a cap alone is fine: {e}"));
         assert_eq!((c.categories[0].limits.max_predict, c.categories[0].idempotency_window_ms), (512, 600_000));
+    }
+
+    #[test]
+    fn an_upstream_url_with_credentials_or_a_query_is_refused_and_says_its_real_host() {
+        let why = upstream_url_problem("http://127.0.0.1:34501@127.0.0.1:34666/v1").expect("refused");
+        assert!(why.contains("its host is 127.0.0.1") && why.contains("keyring"), "{why}");
+        assert!(upstream_url_problem("https://user:pw@api.example.com/v1").is_some());
+        assert!(upstream_url_problem("http://127.0.0.1:34501?@evil:1/v1")
+            .expect("refused")
+            .contains("query or fragment"));
+        assert!(upstream_url_problem("http://127.0.0.1:34501#@evil:1/v1").is_some());
+        assert!(upstream_url_problem("ftp://10.0.0.1").expect("refused").contains("http:// or https://"));
+        for ok in
+            ["http://10.0.0.1:11434", "https://api.openai.com/v1", "http://[::1]:11434", "http://gpu0.local:11434/"]
+        {
+            assert_eq!(upstream_url_problem(ok), None, "{ok}");
+        }
     }
 
     #[test]
