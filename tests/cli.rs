@@ -376,6 +376,12 @@ fn config_export_and_import_share_a_setup_without_losing_anything() {
 
     let (code, out, _) = run(&["config", "import", theirs_s, "--config", mine_s, "--merge"]);
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("node:gpu9:added"), "a new node is held back until accepted: {out}");
+    let held = corral::Config::load(&mine).expect("still valid");
+    assert!(held.nodes.iter().all(|n| n.name != "gpu9"), "{out}");
+    let (code, out, _) =
+        run(&["config", "import", theirs_s, "--config", mine_s, "--merge", "--accept-trust-changes=node:gpu9:added"]);
+    assert_eq!(code, 0, "{out}");
     let merged = corral::Config::load(&mine).expect("still valid");
     let names: Vec<&str> = merged.nodes.iter().map(|n| n.name.as_str()).collect();
     assert_eq!(names, vec!["gpu0", "old", "gpu9"]);
@@ -428,8 +434,8 @@ fn config_import_edits_the_file_in_place_keeping_comments() {
         "# the team's cluster\n[[nodes]]\nname = \"gpu0\" # big box\nurl = \"http://127.0.0.1:11434\"\n",
     );
     let shared = temp_file("shared-node", "[[nodes]]\nname = \"gpu1\"\nurl = \"http://127.0.0.1:11435\"\n");
-    let (code, out, err) =
-        run(&["config", "import", shared.to_str().unwrap_or_default(), "--config", mine.to_str().unwrap_or_default()]);
+    let (shared, mine_s) = (shared.to_str().unwrap_or_default(), mine.to_str().unwrap_or_default());
+    let (code, out, err) = run(&["config", "import", shared, "--config", mine_s, "--accept-trust-changes"]);
     assert_eq!(code, 0, "{out}\n{err}");
     let text = std::fs::read_to_string(&mine).expect("read");
     assert!(text.contains("# the team's cluster") && text.contains("# big box"), "comments stay:\n{text}");
