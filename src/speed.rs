@@ -89,6 +89,24 @@ impl Timing {
     }
 }
 
+/// Fastest decode believed of one answer, in tokens per second: far above any GPU's single
+/// stream, it keeps a node that reports a nanosecond `eval_duration` from drawing every request
+/// under `fastest-finish` (such a sample is dropped, not folded in).
+pub const MAX_DECODE_TPS: f64 = 20_000.0;
+/// Fastest prompt processing believed, likewise.
+pub const MAX_PREFILL_TPS: f64 = 1_000_000.0;
+
+/// The decode time to learn from: what the node reported, unless Corral saw its tokens arrive
+/// over more than twice as long (`streamed`: first token to last), which a report cannot
+/// undercut. An honest report is close to what is seen; a lie is far below it.
+pub fn believable_eval(reported: Option<Duration>, streamed: Option<Duration>) -> Option<Duration> {
+    match (reported, streamed) {
+        (Some(r), Some(s)) if r < s / 2 => Some(s),
+        (None, s) => s,
+        (r, _) => r,
+    }
+}
+
 /// For each quoted key, the unsigned integer after its last `"key":` in `hay` (as
 /// [`last_number`] finds it), in one backward walk over the colons that stops once every key
 /// is seen or `enough` says the rest cannot matter: five separate searches each built a
@@ -249,10 +267,10 @@ impl Estimate {
             (Some(n), Some(d)) if n > 0 && !d.is_zero() => Some(n as f64 / d.as_secs_f64()),
             _ => None,
         };
-        if let Some(r) = rate(t.prompt_tokens, t.prompt) {
+        if let Some(r) = rate(t.prompt_tokens, t.prompt).filter(|r| *r <= MAX_PREFILL_TPS) {
             Learned::fold(&mut self.prefill, r, now);
         }
-        if let Some(r) = rate(t.eval_tokens, t.eval) {
+        if let Some(r) = rate(t.eval_tokens, t.eval).filter(|r| *r <= MAX_DECODE_TPS) {
             Learned::fold(&mut self.decode, r, now);
         }
         if let Some(l) = t.load.filter(|l| *l >= COLD_LOAD_MIN) {
@@ -587,6 +605,22 @@ mod tests {
 
     fn decode(tokens: u64, ms: u64) -> Timing {
         Timing { eval_tokens: Some(tokens), eval: Some(Duration::from_millis(ms)), ..Timing::default() }
+    }
+
+    #[test]
+    fn an_impossible_speed_is_not_learned_and_a_report_cannot_undercut_what_was_seen() {
+        let mut e = Estimate::default();
+        let now = Instant::now();
+        let lie = Timing { eval_tokens: Some(50), eval: Some(Duration::from_nanos(1000)), ..Timing::default() };
+        e.observe(&lie, now);
+        assert_eq!(e.read(now).decode_tps, None, "50 tokens in a microsecond is not believed");
+        e.observe(&decode(50, 1000), now);
+        assert!(e.read(now).decode_tps.is_some_and(|t| (t - 50.0).abs() < 1e-6), "an honest one is");
+        let (ms, s) = (Duration::from_millis, Duration::from_secs);
+        assert_eq!(believable_eval(Some(ms(1)), Some(s(2))), Some(s(2)), "seen over 2 s, reported 1 ms");
+        assert_eq!(believable_eval(Some(ms(1900)), Some(s(2))), Some(ms(1900)), "close to what was seen");
+        assert_eq!(believable_eval(None, Some(s(2))), Some(s(2)));
+        assert_eq!(believable_eval(Some(ms(5)), None), Some(ms(5)), "nothing seen to compare");
     }
 
     #[test]

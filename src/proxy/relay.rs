@@ -291,11 +291,11 @@ impl Relay {
     /// Feed the node's speed model from the final chunk's timing fields (Ollama's), or from
     /// the usage counts and the wall time since the first byte (an OpenAI-kind node).
     fn teach_speed(&self, guard: &InFlight, mut timing: crate::speed::Timing) {
-        // An answer assembled whole arrives at once: its wall time says nothing.
+        // An answer assembled whole arrives at once: its wall time says nothing. A streamed one
+        // was seen arriving, which a node's own report cannot undercut.
         let wall = self.began.elapsed();
-        if timing.eval.is_none() && timing.eval_tokens.is_some() && wall >= Duration::from_millis(20) {
-            timing.eval = Some(wall);
-        }
+        let seen = (timing.eval_tokens.is_some() && wall >= Duration::from_millis(20)).then_some(wall);
+        timing.eval = crate::speed::believable_eval(timing.eval, seen);
         guard.observe_speed(&timing, Instant::now());
     }
 
