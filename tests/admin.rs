@@ -264,4 +264,13 @@ async fn a_config_import_previews_then_applies() {
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.expect("json")["code"], "invalid_config");
     assert_eq!(c.broker.registry().all().len(), 2, "a broken import keeps the running config");
+    // Oversized files are refused in words, in JSON, whichever limit they pass.
+    for (size, says) in [(1_500_000, "a config is at most 1048576"), (3_000_000, "length limit exceeded")] {
+        let huge = format!("# {}\n", "x".repeat(size));
+        let r = c.admin(Method::POST, "/admin/config/import?dry_run=true").body(huge).send().await.expect("answer");
+        assert_eq!(r.status(), 400, "{size} bytes");
+        let v: Value = r.json().await.expect("a JSON refusal");
+        assert_eq!(v["code"], "invalid_config");
+        assert!(v["error"].as_str().is_some_and(|m| m.contains(says)), "{size} bytes: {v}");
+    }
 }

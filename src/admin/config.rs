@@ -70,8 +70,11 @@ pub(super) struct ImportQuery {
 pub(super) async fn import(
     State(s): State<AdminState>,
     Query(q): Query<ImportQuery>,
-    body: String,
+    body: Result<String, axum::extract::rejection::StringRejection>,
 ) -> Result<Json<Value>, AdminError> {
+    // Past the listener's body limit (2 MB) axum's own plain-text 413 would answer: say it as
+    // every other refusal is said.
+    let body = body.map_err(|e| AdminError::Invalid(vec![e.body_text()]))?;
     let mode = q.mode.unwrap_or(ImportMode::Merge);
     let accept = if q.accept_all.unwrap_or(false) {
         Accept::All

@@ -101,9 +101,26 @@ pub fn write_private(target: &std::path::Path, text: &str) -> std::io::Result<()
     renamed
 }
 
+/// The largest config text Corral parses (a file, a shared file, an admin import): a config
+/// with a hundred nodes is tens of KiB, and a shared file of millions of items would take
+/// seconds and hundreds of MiB to read (issue found from outside: 10 MB, 33 s, 556 MB).
+pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+
 impl Config {
     /// Parse and validate a config text, reporting every problem with its line.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        if text.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError {
+                problems: vec![Problem {
+                    path: String::new(),
+                    line: None,
+                    message: format!(
+                        "the file is {} bytes; a config is at most {MAX_CONFIG_BYTES} (1 MiB): is this the right file?",
+                        text.len()
+                    ),
+                }],
+            });
+        }
         let doc = match toml_edit::ImDocument::parse(text) {
             Ok(doc) => doc,
             Err(e) => {

@@ -107,6 +107,21 @@ impl Config {
                 ));
             }
         }
+        for (i, p) in self.providers.iter().enumerate() {
+            let Ok(u) = url::Url::parse(&p.base_url) else { continue };
+            let local = match u.host() {
+                Some(url::Host::Domain(d)) => d == "localhost",
+                Some(url::Host::Ipv4(v4)) => v4.is_loopback(),
+                Some(url::Host::Ipv6(v6)) => v6.is_loopback(),
+                None => true,
+            };
+            if u.scheme() == "http" && !local && !p.secret.is_empty() {
+                out.push((
+                    format!("providers[{i}].base_url"),
+                    format!("{} is plain http: the API key and every prompt would cross the network unencrypted; use https://", p.base_url),
+                ));
+            }
+        }
         if self.admin.addr.parse::<SocketAddr>().is_ok_and(|a| !a.ip().is_loopback()) {
             out.push((
                 "admin.addr".into(),
@@ -215,6 +230,12 @@ fn nodes(c: &Config, out: &mut Found) {
         }
         if let Some(why) = upstream_url_problem(&n.url) {
             push(out, format!("nodes[{i}].url"), why);
+        } else if let Some(l) = c.listeners.iter().find(|l| is_own_listener(&n.url, &l.addr)) {
+            push(
+                out,
+                format!("nodes[{i}].url"),
+                format!("\"{}\" is this broker's own listener {}: requests would loop back into Corral", n.url, l.addr),
+            );
         }
         if n.weight == 0 {
             push(out, format!("nodes[{i}].weight"), "must be greater than 0");
@@ -246,6 +267,22 @@ fn upstream_url_problem(raw: &str) -> Option<String> {
         return Some(format!("\"{raw}\" has a query or fragment ('?', '#'): give scheme://host[:port][/path]"));
     }
     None
+}
+
+/// Whether `url` reaches the proxy listener bound at `addr` on this machine: the same port on a
+/// loopback name or address, the listener's own address, or any local one when it binds them all.
+fn is_own_listener(url: &str, addr: &str) -> bool {
+    let (Ok(u), Ok(bound)) = (url::Url::parse(url), addr.parse::<SocketAddr>()) else { return false };
+    if u.port_or_known_default() != Some(bound.port()) {
+        return false;
+    }
+    let ip = match u.host() {
+        Some(url::Host::Domain(d)) => return d.eq_ignore_ascii_case("localhost") || d.ends_with(".localhost"),
+        Some(url::Host::Ipv4(v4)) => std::net::IpAddr::V4(v4),
+        Some(url::Host::Ipv6(v6)) => std::net::IpAddr::V6(v6),
+        None => return false,
+    };
+    ip == bound.ip() || ip.is_loopback() && (bound.ip().is_loopback() || bound.ip().is_unspecified())
 }
 
 /// `[[categories]]`: unique names; `order`, `providers` and `models` refer to real things.
@@ -752,6 +789,35 @@ mod tests {
         {
             assert_eq!(upstream_url_problem(ok), None, "{ok}");
         }
+    }
+
+    #[test]
+    fn a_node_that_is_this_brokers_own_listener_is_refused() {
+        for (url, addr, own) in [
+            ("http://127.0.0.1:11400", "127.0.0.1:11400", true),
+            ("http://localhost:11400/", "0.0.0.0:11400", true),
+            ("http://[::1]:11400", "[::]:11400", true),
+            ("http://10.0.0.5:11400", "10.0.0.5:11400", true),
+            ("http://127.0.0.1:11434", "127.0.0.1:11400", false),
+            ("http://10.0.0.6:11400", "127.0.0.1:11400", false),
+        ] {
+            assert_eq!(is_own_listener(url, addr), own, "{url} against {addr}");
+        }
+    }
+
+    #[test]
+    fn a_key_sent_over_plain_http_to_another_host_is_warned_about() {
+        let mut c = Config::default();
+        let provider = |url: &str| crate::config::ProviderConfig {
+            name: "p".into(),
+            base_url: url.into(),
+            secret: "p-key".into(),
+            ..Default::default()
+        };
+        c.providers = vec![provider("http://api.example.com/v1")];
+        assert!(c.warnings().iter().any(|(path, m)| path == "providers[0].base_url" && m.contains("unencrypted")));
+        c.providers = vec![provider("https://api.example.com/v1"), provider("http://127.0.0.1:8080/v1")];
+        assert!(c.warnings().iter().all(|(path, _)| !path.starts_with("providers")), "https, or this machine");
     }
 
     #[test]
