@@ -325,7 +325,8 @@ fn config_files_corral_writes_are_0600_in_0700_directories() {
     assert_eq!(mode(&dir.join("new")), 0o700, "the directory export created");
 
     let target = dir.join("made").join("corral.toml");
-    let import = corral(&["config", "import", &out.display().to_string(), "--config", &target.display().to_string()]);
+    let (out, target_s) = (out.display().to_string(), target.display().to_string());
+    let import = corral(&["config", "import", &out, "--config", &target_s, "--accept-trust-changes"]);
     assert!(import.status.success(), "{}", String::from_utf8_lossy(&import.stderr));
     assert_eq!(mode(&target), 0o600, "imported config");
     assert_eq!(mode(&dir.join("made")), 0o700, "the directory import created");

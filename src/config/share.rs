@@ -138,6 +138,22 @@ pub fn plan(base: &Config, text: &str, mode: ImportMode, accept: &Accept) -> Res
             held_back.push(t.id.clone());
         }
     }
+    if next.nodes.is_empty() && !held_back.is_empty() && trust.iter().any(|t| t.field == "added" && t.kind == "node") {
+        // Every node the result would have is a new one held back: say so, rather than the
+        // validator's "at least one node is needed".
+        let ids: Vec<&str> = held_back.iter().map(String::as_str).filter(|id| id.starts_with("node:")).collect();
+        return Err(ConfigError {
+            problems: vec![super::validate::Problem {
+                path: "nodes".into(),
+                line: None,
+                message: format!(
+                    "every node this import would leave is new, and a new node is held back until accepted ({}): accept them (--accept-trust-changes={}, or tick them on the Share screen); nothing was changed",
+                    ids.join(", "),
+                    ids.join(",")
+                ),
+            }],
+        });
+    }
     let notes = key_notes(base, &next);
     Ok(Plan { next, changes, trust, held_back, notes })
 }

@@ -270,7 +270,10 @@ pub(super) fn embeddings(
 impl Answer {
     fn stats(&self) -> Value {
         let n = self.completion.tokens.len() as u64;
-        let eval = (self.pace.per_token * n as u32).as_nanos() as u64 + n * 1_000;
+        // An unpaced sim says 1 ms per token (1,000 tokens/s): a faster report would not be
+        // believed (`speed::MAX_DECODE_TPS`), and no GPU's single stream is much faster.
+        let per_token = self.pace.per_token.max(std::time::Duration::from_millis(1));
+        let eval = (per_token * n as u32).as_nanos() as u64;
         let prompt_eval = self.pace.ttft.as_nanos() as u64 + 1_000;
         let load = self.load.as_nanos() as u64;
         json!({
