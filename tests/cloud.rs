@@ -708,10 +708,7 @@ async fn redirector(to: String) -> String {
             (axum::http::StatusCode::TEMPORARY_REDIRECT, [(axum::http::header::LOCATION, location)], "")
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    common::serve(app).await
 }
 
 #[tokio::test]

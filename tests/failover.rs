@@ -34,9 +34,7 @@ async fn rate_limited_node() -> (String, Arc<AtomicUsize>) {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = common::serve(app).await;
     (url, hits)
 }
 

@@ -652,10 +652,7 @@ async fn node_listing(models: usize, pad: usize) -> String {
         .route("/api/version", get(|| async { axum::Json(json!({"version": "0.12.0"})) }))
         .route("/api/ps", get(|| async { axum::Json(json!({"models": []})) }))
         .route("/api/tags", get(tags));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    common::serve(app).await
 }
 
 #[tokio::test]
@@ -696,10 +693,7 @@ async fn node_answering_json(body: &'static str) -> String {
             "/api/chat",
             post(move || async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], body) }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    common::serve(app).await
 }
 
 #[tokio::test]

@@ -154,6 +154,15 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
 }
 
 /// Split an NDJSON body into parsed lines.
+/// Serve `app` on a free loopback port for the rest of the test: a stand-in node, provider
+/// or collector that behaves as a test needs. Its base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
 pub fn ndjson(text: &str) -> Vec<serde_json::Value> {
     text.lines()
         .filter(|l| !l.trim().is_empty())
