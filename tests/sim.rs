@@ -78,8 +78,12 @@ async fn unknown_model_and_missing_model_are_worded_like_ollama() {
     let r = c.post(format!("{}/api/chat", sim.url())).json(&json!({})).send().await.expect("answer");
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.expect("json")["error"], "model is required");
-    let r =
-        c.post(format!("{}/v1/chat/completions", sim.url())).json(&json!({"model": "x"})).send().await.expect("answer");
+    let r = c
+        .post(format!("{}/v1/chat/completions", sim.url()))
+        .json(&json!({"model": "x", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("answer");
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "not_found_error");
 }
 
@@ -151,6 +155,28 @@ async fn structured_output_is_json_the_format_or_response_format_describes() {
         .await
         .expect("json");
     assert!(serde_json::from_str::<Value>(plain["message"]["content"].as_str().unwrap_or("")).is_err());
+}
+
+#[tokio::test]
+async fn a_body_of_the_wrong_shape_gets_ollamas_binding_error() {
+    let (sim, c) = node().await;
+    for (path, body, want) in [
+        ("/api/chat", json!({"model": "llama3.2", "messages": "hi"}), json!({"error": "json: cannot unmarshal string into Go struct field ChatRequest.messages of type []api.Message"})),
+        ("/api/generate", json!({"model": "llama3.2", "prompt": 5}), json!({"error": "json: cannot unmarshal number into Go struct field GenerateRequest.prompt of type string"})),
+        ("/v1/chat/completions", json!({"model": "llama3.2", "messages": "hi"}), json!("json: cannot unmarshal string into Go struct field ChatCompletionRequest.messages of type []openai.Message")),
+        ("/v1/chat/completions", json!({"model": "llama3.2"}), json!("[] is too short - 'messages'")),
+        ("/v1/chat/completions", json!({"model": "llama3.2", "messages": []}), json!("[] is too short - 'messages'")),
+    ] {
+        let r = c.post(format!("{}{path}", sim.url())).json(&body).send().await.expect("answer");
+        assert_eq!(r.status(), 400, "{path} {body}");
+        let v: Value = r.json().await.expect("json");
+        match path.starts_with("/v1") {
+            true => assert_eq!(v["error"]["message"], want, "{path} {body}: {v}"),
+            false => assert_eq!(v, want, "{path} {body}"),
+        }
+    }
+    let r = c.post(format!("{}/api/chat", sim.url())).json(&json!({"model": "llama3.2"})).send().await.expect("answer");
+    assert_eq!(r.status(), 200, "no messages natively loads the model, as Ollama does");
 }
 
 #[tokio::test]

@@ -110,6 +110,9 @@ fn check(s: &Shared, kind: Kind, body: &Bytes) -> Result<(Value, String), (Statu
         Err(e) if body.is_empty() => return Err((StatusCode::BAD_REQUEST, format!("missing request body: {e}"))),
         Err(e) => return Err((StatusCode::BAD_REQUEST, e.to_string())),
     };
+    if let Some(why) = misshapen(kind, &req) {
+        return Err((StatusCode::BAD_REQUEST, why));
+    }
     let Some(model) = req.get("model").and_then(Value::as_str).map(str::to_string) else {
         return Err((StatusCode::BAD_REQUEST, "model is required".into()));
     };
@@ -125,6 +128,37 @@ fn check(s: &Shared, kind: Kind, body: &Bytes) -> Result<(Value, String), (Statu
         return Err((StatusCode::BAD_REQUEST, format!("\"{model}\" does not support {what}")));
     }
     Ok((req, model))
+}
+
+/// What Ollama's JSON binding (gin's `ShouldBindJSON` into `api.ChatRequest`,
+/// `api.GenerateRequest`, or its openai layer's `ChatCompletionRequest`) says of a body whose
+/// `messages` or `prompt` has the wrong type, and the openai layer's check for no messages.
+fn misshapen(kind: Kind, req: &Value) -> Option<String> {
+    let go_type = |v: &Value| match v {
+        Value::String(_) => "string",
+        Value::Number(_) => "number",
+        Value::Bool(_) => "bool",
+        Value::Object(_) => "object",
+        Value::Array(_) => "array",
+        Value::Null => "null",
+    };
+    let unmarshal = |field: &str, v: &Value, go_struct: &str, want: &str| {
+        Some(format!("json: cannot unmarshal {} into Go struct field {go_struct}.{field} of type {want}", go_type(v)))
+    };
+    match (kind, req.get("messages"), req.get("prompt")) {
+        (Kind::Chat, Some(m @ (Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Object(_))), _) => {
+            unmarshal("messages", m, "ChatRequest", "[]api.Message")
+        }
+        (Kind::V1Chat, Some(m @ (Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Object(_))), _) => {
+            unmarshal("messages", m, "ChatCompletionRequest", "[]openai.Message")
+        }
+        (Kind::V1Chat, None | Some(Value::Null), _) => Some("[] is too short - 'messages'".into()),
+        (Kind::V1Chat, Some(Value::Array(m)), _) if m.is_empty() => Some("[] is too short - 'messages'".into()),
+        (Kind::Generate, _, Some(p @ (Value::Number(_) | Value::Bool(_) | Value::Object(_) | Value::Array(_)))) => {
+            unmarshal("prompt", p, "GenerateRequest", "string")
+        }
+        _ => None,
+    }
 }
 
 /// `"stream": true`: NDJSON lines (native) or SSE events (`/v1`), one per token.
