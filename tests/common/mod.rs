@@ -183,5 +183,11 @@ pub fn temp_db() -> std::path::PathBuf {
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!("corral-test-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&dir);
-    dir.join(format!("store-{}.db", N.fetch_add(1, Ordering::Relaxed)))
+    let path = dir.join(format!("store-{}.db", N.fetch_add(1, Ordering::Relaxed)));
+    // A process id is reused: an earlier run's file at this path must not pass for this test's
+    // (CI saw a chart of "no traffic yet" count 65 requests from a run before).
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
 }
