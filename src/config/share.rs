@@ -399,13 +399,16 @@ fn loosened_guards(base: &Config, next: &Config, out: &mut Vec<TrustChange>) {
         Some(toml::Value::Float(x)) => Some(*x),
         _ => None,
     };
-    for (section, field, weaker) in GUARDS {
+    // Each section read once; GUARDS lists its fields section by section.
+    for section in ["proxy", "queue", "retry", "health"] {
         let (old, new) = (guard_section(base, section), guard_section(next, section));
-        let (Some(was), Some(now)) = (number(&old, field), number(&new, field)) else { continue };
-        if (weaker == Weaker::Up && now > was) || (weaker == Weaker::Down && now < was) {
-            let (was, now) = (render(old.get(field)), render(new.get(field)));
-            let message = format!("{section}.{field} would go from {was} to {now}, loosening a guard against load and slow or hostile clients");
-            out.push(trust("section", section, field, message));
+        for (_, field, weaker) in GUARDS.iter().filter(|g| g.0 == section) {
+            let (Some(was), Some(now)) = (number(&old, field), number(&new, field)) else { continue };
+            if (*weaker == Weaker::Up && now > was) || (*weaker == Weaker::Down && now < was) {
+                let (was, now) = (render(old.get(*field)), render(new.get(*field)));
+                let message = format!("{section}.{field} would go from {was} to {now}, loosening a guard against load and slow or hostile clients");
+                out.push(trust("section", section, field, message));
+            }
         }
     }
 }
