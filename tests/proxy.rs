@@ -573,7 +573,8 @@ async fn nodes_that_list_a_model_but_answer_404_for_it_are_named_and_the_request
     let missing = "model \"llama3.2\" not found, try pulling it first";
     for sim in &c.sims {
         sim.update_faults(|f| {
-            let mut step = corral::sim::ScriptStep::new(404, 1);
+            // More than one: a background probe's generate may take a step of the script first.
+            let mut step = corral::sim::ScriptStep::new(404, 100);
             step.error = Some(corral::sim::StepError { message: missing.into(), kind: None, code: None });
             f.script.push_back(step);
         });
