@@ -19,7 +19,6 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::response::Response;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
-use http_body_util::Full;
 use tokio::time::Instant;
 
 use super::relay::{self, Source};
@@ -406,7 +405,7 @@ fn prepare(
         (None, Some((_, streamed))) => (up.uri(&out.path_and_query)?, streamed.clone()),
         (None, None) => (up.uri(&out.path_and_query)?, out.body.clone()),
     };
-    let mut request = http::Request::builder().method(out.method.clone()).uri(uri).body(Full::new(body))?;
+    let mut request = http::Request::builder().method(out.method.clone()).uri(uri).body(body)?;
     let headers = request.headers_mut();
     *headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {

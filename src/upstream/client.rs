@@ -1,5 +1,6 @@
-//! The request path's HTTP client: hyper's pooled client, one keep-alive pool per upstream
-//! (scheme, host and port), HTTP/1.1 with `TCP_NODELAY`, TLS by rustls for `https` nodes.
+//! The request path's HTTP client: plain-`http` nodes through `h1`'s inline HTTP/1.1 (one
+//! keep-alive pool per host and port, `TCP_NODELAY`), `https` nodes through hyper's pooled
+//! client with rustls.
 //!
 //! Why not reqwest, as the probes and the cloud fallback use: on every forwarded request it
 //! re-parsed the node's URL into a URI, ran its redirect policy and built its own request
@@ -24,7 +25,7 @@ use hyper_util::rt::TokioExecutor;
 const IDLE: Duration = Duration::from_secs(60);
 
 /// A request for a node: head and whole body (Corral has read the client's body already).
-pub type NodeRequest = http::Request<Full<Bytes>>;
+pub type NodeRequest = http::Request<Bytes>;
 
 /// Why the client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +44,8 @@ pub enum ExchangeError {
 /// The pooled client; cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct NodeClient {
-    inner: hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    plain: Arc<super::h1::Pool>,
+    tls: hyper_util::client::legacy::Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// Put on every answer before it becomes a `reqwest::Response`, which otherwise parses a
     /// placeholder URL for each one (3% of a forwarded request's instructions, issue 16).
     answered: http::Extensions,
@@ -82,20 +84,27 @@ impl NodeClient {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
-        let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        let tls = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .pool_idle_timeout(IDLE)
             .pool_timer(hyper_util::rt::TokioTimer::new())
             .build(https);
-        Ok(Self { inner, answered: answered_extensions() })
+        let plain = super::h1::Pool::new(connect_timeout, IDLE);
+        Ok(Self { plain, tls, answered: answered_extensions() })
     }
 
     /// Send `request` and wait for its answer's head.
     pub async fn send(&self, request: NodeRequest) -> Result<reqwest::Response, ExchangeError> {
-        match self.inner.request(request).await {
-            Ok(mut resp) => {
-                resp.extensions_mut().extend(self.answered.clone());
-                Ok(reqwest::Response::from(resp.map(reqwest::Body::wrap)))
-            }
+        let mut resp = match request.uri().scheme() == Some(&http::uri::Scheme::HTTP) {
+            true => self.plain.send(&request).await?.map(reqwest::Body::wrap),
+            false => self.send_tls(request).await?,
+        };
+        resp.extensions_mut().extend(self.answered.clone());
+        Ok(reqwest::Response::from(resp))
+    }
+
+    async fn send_tls(&self, request: NodeRequest) -> Result<http::Response<reqwest::Body>, ExchangeError> {
+        match self.tls.request(request.map(Full::new)).await {
+            Ok(resp) => Ok(resp.map(reqwest::Body::wrap)),
             Err(e) if e.is_connect() => Err(ExchangeError::Connect(super::root_cause(&e))),
             Err(e) => Err(ExchangeError::Failed(super::root_cause(&e))),
         }
@@ -132,7 +141,7 @@ mod tests {
     fn post(addr: std::net::SocketAddr) -> NodeRequest {
         http::Request::post(format!("http://{addr}/api/chat"))
             .header("x-request-id", "r1")
-            .body(Full::new(Bytes::from_static(b"hello")))
+            .body(Bytes::from_static(b"hello"))
             .expect("request")
     }
 

@@ -14,6 +14,7 @@
 
 pub mod assemble;
 pub mod client;
+mod h1;
 pub mod lifecycle;
 pub mod ollama;
 pub mod openai;
