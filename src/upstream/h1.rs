@@ -70,10 +70,12 @@ struct Idle {
     swept: Option<Instant>,
 }
 
+/// An idle connection. Its read buffer is not kept: idle connections cost a socket each, not
+/// a socket and a buffer (the buffer's memory is usually still shared with the last answer's
+/// chunks anyway).
 #[derive(Debug)]
 struct Parked {
     stream: TcpStream,
-    buf: BytesMut,
     since: Instant,
 }
 
@@ -101,7 +103,7 @@ impl Pool {
         let list = idle.by_node.get_mut(node)?;
         while let Some(p) = list.pop() {
             if p.since.elapsed() < self.keep_idle {
-                return Some(Conn { stream: p.stream, buf: p.buf, reused: true });
+                return Some(Conn { stream: p.stream, buf: BytesMut::with_capacity(READ_BUF), reused: true });
             }
         }
         None
@@ -109,7 +111,7 @@ impl Pool {
 
     /// Park a connection whose answer was read to its end. Expired ones go on the way: this
     /// node's each time, every node's once per `keep_idle`.
-    fn park(&self, node: Box<str>, stream: TcpStream, buf: BytesMut) {
+    fn park(&self, node: Box<str>, stream: TcpStream) {
         let now = Instant::now();
         let keep = self.keep_idle;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
@@ -123,7 +125,7 @@ impl Pool {
         let list = idle.by_node.entry(node).or_default();
         list.retain(|p| now.duration_since(p.since) < keep);
         if list.len() < MAX_IDLE_PER_NODE {
-            list.push(Parked { stream, buf, since: now });
+            list.push(Parked { stream, since: now });
         }
     }
 
@@ -437,7 +439,7 @@ impl AnswerBody {
         let Some(conn) = self.conn.take() else { return };
         if let Some(home) = self.home.take() {
             if conn.buf.is_empty() {
-                home.pool.park(home.node, conn.stream, conn.buf);
+                home.pool.park(home.node, conn.stream);
             }
         }
     }
