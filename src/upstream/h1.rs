@@ -33,6 +33,8 @@ use super::client::ExchangeError;
 const MAX_HEAD: usize = 64 * 1024;
 /// Most headers an answer may have.
 const MAX_HEADERS: usize = 100;
+/// Most informational (1xx) heads skipped before the answer's own.
+const MAX_INFORMATIONAL: usize = 8;
 /// Longest chunk-size line or trailer section of a chunked body.
 const MAX_FRAMING: usize = 16 * 1024;
 /// Idle connections kept per node: more than any node's useful concurrency.
@@ -199,7 +201,11 @@ impl Pool {
             Err(e) => return Err(Exchange::Failed(ExchangeError::Failed(e.to_string()))),
         };
         let framing = Framing::of(method, &head).map_err(|why| Exchange::Failed(ExchangeError::Failed(why)))?;
-        let reusable = head.keep_alive;
+        // Both framings at once is how responses are smuggled: read it as chunked (RFC 9112
+        // 6.3), then close the connection rather than trust what follows.
+        let both =
+            head.headers.contains_key(header::TRANSFER_ENCODING) && head.headers.contains_key(header::CONTENT_LENGTH);
+        let reusable = head.keep_alive && !both;
         let home = Home { pool: Arc::clone(self), node: node.into() };
         let mut body = AnswerBody { conn: Some(conn), framing, home: reusable.then_some(home) };
         body.park_if_done();
@@ -299,11 +305,19 @@ struct Head {
 }
 
 /// Read and parse the answer's head off `conn`, leaving the body's first bytes in its buffer.
-/// Informational (1xx) heads are skipped.
+/// Informational (1xx) heads are skipped, a few of them.
 async fn read_head(conn: &mut Conn) -> Result<Head, HeadFault> {
+    let mut informational = 0;
     loop {
         if let Some(head) = parse_head(&mut conn.buf)? {
-            if head.status.is_informational() && head.status != StatusCode::SWITCHING_PROTOCOLS {
+            if head.status == StatusCode::SWITCHING_PROTOCOLS {
+                return Err(HeadFault::Malformed("101 Switching Protocols, though no upgrade was asked".into()));
+            }
+            if head.status.is_informational() {
+                informational += 1;
+                if informational > MAX_INFORMATIONAL {
+                    return Err(HeadFault::Malformed(format!("over {MAX_INFORMATIONAL} informational heads")));
+                }
                 continue;
             }
             return Ok(head);
@@ -762,6 +776,18 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_with_both_framings_is_read_as_chunked_and_its_connection_closed() {
+        let smuggled = "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+        let node = scripted(move |_| reply(smuggled)).await;
+        let pool = pool();
+        for _ in 0..2 {
+            let resp = pool.send(&post(node.addr, "x")).await.expect("answer");
+            assert_eq!(read_all(resp).await.expect("body"), "ok");
+        }
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 2, "not reused");
+    }
+
+    #[tokio::test]
     async fn a_body_cut_short_is_an_error_not_an_end() {
         for wire in [
             "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
@@ -799,6 +825,8 @@ mod tests {
             ("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n".into(), "not a length"),
             ("SMTP ready\r\n\r\n".into(), "malformed"),
             ("HTTP/1.1 200 OK\r\ncontent-le".into(), "inside the answer's head"),
+            ("HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n".into(), "no upgrade was asked"),
+            ("HTTP/1.1 100 Continue\r\n\r\n".repeat(9) + "HTTP/1.1 200 OK\r\n\r\n", "over 8 informational"),
         ];
         for (wire, says) in cases {
             let w = wire.clone();
@@ -832,6 +860,29 @@ mod tests {
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// A node that lies: a valid chunked answer with bytes overwritten, then the connection
+        /// closed. Whatever comes, the answer ends (with its bytes or an error), without a panic.
+        #[test]
+        fn a_garbled_answer_ends_in_an_answer_or_an_error(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            sizes in proptest::collection::vec(1usize..100, 1..4),
+            garble in proptest::collection::vec((0usize..2000, proptest::prelude::any::<u8>()), 1..6),
+        ) {
+            let mut wire = chunked(&data, &sizes);
+            for (at, byte) in garble {
+                let at = at % wire.len();
+                wire[at] = byte;
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let node = scripted(move |_| Reply { pieces: vec![wire.clone()], close: true }).await;
+                let answer = pool().send(&post(node.addr, "x")).await;
+                if let Ok(resp) = answer {
+                    let _ = read_all(resp).await;
+                }
+            });
+        }
+
         #[test]
         fn any_chunking_read_in_any_pieces_gives_back_the_body(
             data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000),
