@@ -104,7 +104,7 @@ impl Pool {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let list = idle.by_node.get_mut(node)?;
         while let Some(p) = list.pop() {
-            if p.since.elapsed() < self.keep_idle {
+            if p.since.elapsed() < self.keep_idle && quiet(&p.stream) {
                 return Some(Conn { stream: p.stream, buf: BytesMut::with_capacity(READ_BUF), reused: true });
             }
         }
@@ -221,6 +221,17 @@ enum Exchange {
     /// A reused connection gave nothing back: the node had closed it.
     Stale(String),
     Failed(ExchangeError),
+}
+
+/// Whether an idle connection is still quiet: nothing to read on it, not even its end. Tokio
+/// keeps each socket's readiness from the reactor's events (and clears it on a short read, as
+/// the answer's last one is), so this is a load, not a system call. A node that closed the
+/// connection while it sat idle (uvicorn and Node.js drop idle keep-alive connections after
+/// 5 s) has made it readable: it is let go before anything is written to it. A readiness left
+/// set by a full last read lets a good connection go too, at the price of a new one.
+fn quiet(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    stream.poll_read_ready(&mut cx).is_pending()
 }
 
 /// The request as written: head, and the body behind it.
@@ -785,6 +796,44 @@ mod tests {
             assert_eq!(read_all(resp).await.expect("body"), "ok");
         }
         assert_eq!(node.accepted.load(Ordering::SeqCst), 2, "not reused");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_node_closed_while_idle_is_let_go_before_anything_is_written() {
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+        let closed_tx = Mutex::new(Some(closed_tx));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await.expect("write");
+            drop(s);
+            if let Some(tx) = closed_tx.lock().expect("tx").take() {
+                let _ = tx.send(());
+            }
+        });
+        let pool = pool();
+        let resp = pool.send(&post(addr, "x")).await.expect("answer");
+        assert_eq!(read_all(resp).await.expect("body"), "ok");
+        let node = addr.to_string();
+        closed_rx.await.expect("closed");
+        // A yielded task runs again after the reactor has been polled: the close is seen.
+        tokio::task::yield_now().await;
+        assert!(pool.take(&node).is_none(), "the closed connection is not handed out");
+        let idle = pool.idle.lock().expect("idle");
+        assert!(idle.by_node.get(node.as_str()).is_none_or(Vec::is_empty), "and not kept either");
+    }
+
+    #[tokio::test]
+    async fn a_quiet_idle_connection_is_handed_out() {
+        let node = scripted(|_| reply("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")).await;
+        let pool = pool();
+        let resp = pool.send(&post(node.addr, "x")).await.expect("answer");
+        assert_eq!(read_all(resp).await.expect("body"), "ok");
+        tokio::task::yield_now().await;
+        assert!(pool.take(&node.addr.to_string()).is_some(), "the answer's last short read left it quiet");
     }
 
     #[tokio::test]
