@@ -192,7 +192,12 @@ impl Pool {
             false => Exchange::Failed(ExchangeError::Failed(why)),
         };
         if let Err(e) = wire.write(&mut conn.stream).await {
-            return Err(stale(conn.reused, format!("sending the request failed ({e})")));
+            // A node may answer before it has read the whole body (a 413 for a body over its
+            // limit) and close: its answer is the one to relay, not the failed write.
+            return match read_head(&mut conn).await {
+                Ok(head) => self.answer(conn, node, method, head, false),
+                Err(_) => Err(stale(conn.reused, format!("sending the request failed ({e})"))),
+            };
         }
         let head = match read_head(&mut conn).await {
             Ok(head) => head,
@@ -200,12 +205,25 @@ impl Pool {
             Err(HeadFault::Io(e)) if conn.buf.is_empty() => return Err(stale(conn.reused, e.to_string())),
             Err(e) => return Err(Exchange::Failed(ExchangeError::Failed(e.to_string()))),
         };
+        self.answer(conn, node, method, head, true)
+    }
+
+    /// The answer whose `head` was read off `conn`; `whole` when the request was written whole
+    /// (else the connection cannot carry another).
+    fn answer(
+        self: &Arc<Self>,
+        conn: Conn,
+        node: &str,
+        method: &Method,
+        head: Head,
+        whole: bool,
+    ) -> Result<http::Response<AnswerBody>, Exchange> {
         let framing = Framing::of(method, &head).map_err(|why| Exchange::Failed(ExchangeError::Failed(why)))?;
         // Both framings at once is how responses are smuggled: read it as chunked (RFC 9112
         // 6.3), then close the connection rather than trust what follows.
         let both =
             head.headers.contains_key(header::TRANSFER_ENCODING) && head.headers.contains_key(header::CONTENT_LENGTH);
-        let reusable = head.keep_alive && !both;
+        let reusable = whole && head.keep_alive && !both;
         let home = Home { pool: Arc::clone(self), node: node.into() };
         let mut body = AnswerBody { conn: Some(conn), framing, home: reusable.then_some(home) };
         body.park_if_done();
@@ -365,7 +383,8 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadFault> {
         _ => http::Version::HTTP_10,
     };
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-    let mut keep_alive = version == http::Version::HTTP_11;
+    // `close` on any `Connection` line wins over `keep-alive` on another.
+    let (mut close, mut keep) = (false, version == http::Version::HTTP_11);
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| HeadFault::Malformed(format!("header name {:?}", h.name)))?;
@@ -375,12 +394,13 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadFault> {
             let says = |word: &str| {
                 value.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(word.as_bytes()))
             };
-            keep_alive = if says("close") { false } else { keep_alive || says("keep-alive") };
+            close |= says("close");
+            keep |= says("keep-alive");
         }
         headers.append(name, value);
     }
     buf.advance(len);
-    Ok(Some(Head { status, version, headers, keep_alive }))
+    Ok(Some(Head { status, version, headers, keep_alive: keep && !close }))
 }
 
 /// How the answer's body ends (RFC 9112, section 6.3).
@@ -423,19 +443,29 @@ impl Framing {
                 .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             return Ok(if chunked { Self::Chunked(Chunk::Size) } else { Self::Close });
         }
-        let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
-        let Some(first) = lengths.next() else { return Ok(Self::Close) };
-        let len = content_length(first)?;
-        if lengths.any(|v| content_length(v) != Ok(len)) {
-            return Err("the answer has conflicting Content-Length headers".into());
+        // `Content-Length: 5, 5` (or two lines of 5) is one length (RFC 9110 8.6); two
+        // different ones are refused.
+        let mut len = None;
+        for value in headers.get_all(header::CONTENT_LENGTH) {
+            let s = value.to_str().unwrap_or_default();
+            for one in s.split(',') {
+                let n = content_length(one.trim())?;
+                if len.is_some_and(|l| l != n) {
+                    return Err("the answer has conflicting Content-Length headers".into());
+                }
+                len = Some(n);
+            }
         }
-        Ok(if len == 0 { Self::Done } else { Self::Length(len) })
+        Ok(match len {
+            None => Self::Close,
+            Some(0) => Self::Done,
+            Some(n) => Self::Length(n),
+        })
     }
 }
 
-fn content_length(v: &HeaderValue) -> Result<u64, String> {
-    let s = v.to_str().unwrap_or_default().trim();
-    match s.bytes().all(|b| b.is_ascii_digit()) {
+fn content_length(s: &str) -> Result<u64, String> {
+    match !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
         true => s.parse().map_err(|_| format!("the answer's Content-Length {s:?} is not a length")),
         false => Err(format!("the answer's Content-Length {s:?} is not a length")),
     }
@@ -837,6 +867,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_sent_before_the_body_was_read_is_relayed_not_the_failed_write() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let refusal = "HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\ncontent-length: 8\r\n\r\ntoo big!";
+            s.write_all(refusal.as_bytes()).await.expect("write");
+            // Closed with most of the body unread: the sender's writes fail.
+        });
+        let body = Bytes::from(vec![b'x'; 16 << 20]);
+        let request = http::Request::post(format!("http://{addr}/api/chat")).body(body).expect("request");
+        let resp = pool().send(&request).await.expect("the node's answer, not the write's failure");
+        assert_eq!(resp.status(), 413);
+        assert_eq!(read_all(resp).await.expect("body"), "too big!");
+    }
+
+    #[tokio::test]
+    async fn close_on_any_connection_line_wins_and_a_repeated_length_is_one_length() {
+        let node = scripted(|n| match n % 2 {
+            0 => reply("HTTP/1.1 200 OK\r\nconnection: close\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\na"),
+            _ => reply("HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\ncontent-length: 2\r\n\r\nbb"),
+        })
+        .await;
+        let pool = pool();
+        for want in ["a", "bb", "a", "bb"] {
+            let resp = pool.send(&post(node.addr, "x")).await.expect("answer");
+            assert_eq!(read_all(resp).await.expect("body"), want);
+        }
+        // a (closed) | bb, a (closed) | bb: a new connection after each `close`, none after `2, 2`.
+        assert_eq!(node.accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
     async fn a_body_cut_short_is_an_error_not_an_end() {
         for wire in [
             "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
@@ -872,6 +937,8 @@ mod tests {
             (long, "over 64 KiB"),
             ("HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nab".into(), "conflicting"),
             ("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n".into(), "not a length"),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 2, 3\r\n\r\nab".into(), "conflicting"),
+            ("HTTP/1.1 200 OK\r\ncontent-length: 2,\r\n\r\nab".into(), "not a length"),
             ("SMTP ready\r\n\r\n".into(), "malformed"),
             ("HTTP/1.1 200 OK\r\ncontent-le".into(), "inside the answer's head"),
             ("HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n".into(), "no upgrade was asked"),
