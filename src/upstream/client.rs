@@ -32,14 +32,7 @@ pub type NodeRequest = http::Request<Bytes>;
 #[error("cannot set up TLS for nodes: {0}")]
 pub struct ClientError(#[from] rustls::Error);
 
-/// Why a request got no answer's head.
-#[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
-    #[error("{0}")]
-    Connect(String),
-    #[error("{0}")]
-    Failed(String),
-}
+pub use super::h1::ExchangeError;
 
 /// The pooled client; cheap to clone (the pool is shared).
 #[derive(Clone)]

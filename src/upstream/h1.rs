@@ -27,8 +27,6 @@ use http::{Method, StatusCode};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-use super::client::ExchangeError;
-
 /// Longest answer head read (status line and headers).
 const MAX_HEAD: usize = 64 * 1024;
 /// Most headers an answer may have.
@@ -44,6 +42,15 @@ const MAX_IDLE_PER_NODE: usize = 256;
 const COPY_BODY_UNDER: usize = 16 * 1024;
 /// Read buffer's starting size.
 const READ_BUF: usize = 8 * 1024;
+
+/// Why a request got no answer's head.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("{0}")]
+    Connect(String),
+    #[error("{0}")]
+    Failed(String),
+}
 
 /// Why an answer's body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
