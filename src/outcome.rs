@@ -53,8 +53,14 @@ impl Outcome {
         }
     }
 
-    /// A timeout before the first byte: the node is not tried again for the same request.
+    /// A timeout before the first byte: a second wait would double what the client waits.
     pub fn is_timeout(self) -> bool {
         matches!(self, Self::TimedOut | Self::Silent | Self::Slow)
+    }
+
+    /// The node is not asked again for the same request: it let a deadline pass, or it said
+    /// it lacks the model (a probe re-learning its list meanwhile does not change its answer).
+    pub fn rules_the_node_out(self) -> bool {
+        self.is_timeout() || self == Self::ModelMissing
     }
 }

@@ -567,6 +567,39 @@ async fn a_stale_model_list_is_corrected_by_the_nodes_own_404() {
 }
 
 #[tokio::test]
+async fn a_node_that_said_it_lacks_the_model_is_not_asked_again_when_a_probe_relists_it() {
+    let c = cluster(2).start().await;
+    c.learn_models().await;
+    for sim in &c.sims {
+        sim.update_faults(|f| {
+            let mut step = corral::sim::ScriptStep::new(404, 100);
+            step.error =
+                Some(corral::sim::StepError { message: "model \"llama3.2\" not found".into(), kind: None, code: None });
+            f.script.push_back(step);
+        });
+    }
+    // A background probe that lists n0's models again whenever the request waits (between
+    // attempts): n0 is then the only node left serving the model, and was already asked.
+    let (n0, done) = (c.node(0), std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let relister = tokio::spawn({
+        let done = std::sync::Arc::clone(&done);
+        async move {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                n0.set_models(["llama3.2:latest".to_string()]);
+                tokio::task::yield_now().await;
+            }
+        }
+    });
+    let r = c.chat("llama3.2", false).await;
+    done.store(true, std::sync::atomic::Ordering::Release);
+    relister.await.expect("relister ends");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["x-corral-attempts"], "2");
+    let asked: Vec<usize> = c.sims.iter().map(|s| s.count("/api/chat")).collect();
+    assert_eq!(asked, [1, 1], "each node asked once: its 404 stands for this request");
+}
+
+#[tokio::test]
 async fn nodes_that_list_a_model_but_answer_404_for_it_are_named_and_the_request_counts_as_sent() {
     let c = cluster(2).start().await;
     c.learn_models().await;

@@ -122,9 +122,9 @@ pub async fn forward(
             Ok(Attempt::Whole(resp)) => return Ok(estimated(labelled(resp, node.name(), attempt), estimate)),
             Err(f) => {
                 tracing::debug!(request_id = %out.request_id, node = %node.name(), attempt, outcome = ?f.outcome, detail = %f.detail, "attempt failed");
-                // A node that let a deadline pass is not asked again for this request: a
-                // second wait would double what the client waits.
-                if f.outcome.is_timeout() {
+                // A node that let a deadline pass, or said it lacks the model, is not asked
+                // again for this request, even as the only node left.
+                if f.outcome.rules_the_node_out() {
                     ticket.excluded.push(Arc::clone(&node));
                 }
                 if let Some(t) = trace.as_mut() {
