@@ -28,6 +28,8 @@ import time
 import urllib.request
 
 HZ = os.sysconf("SC_CLK_TCK")
+# How long every target is left without requests before its "idle after warm-up" RSS is read.
+IDLE_S = 2.5
 
 
 def free_port():
@@ -438,6 +440,9 @@ def main():
         body = SCENARIOS[0][2]
         for t in targets:
             oha(a.oha, t.url + "/api/chat", body, 16, 2000)
+        # "Idle after warm-up": every target left without requests for a moment first (Corral
+        # gives freed memory back after a quiet second), then all are read.
+        time.sleep(IDLE_S)
         for t in targets[1:]:
             rss[t.name]["warm"] = rss_mib(children(t.pids[0]))
         peak = {}
