@@ -258,6 +258,7 @@ impl Broker {
         let probes = cancel.child_token();
         spawn_probes(&tracker, Arc::clone(&registry), &shared.config(), shared.health_config(), probes.clone())?;
         tracker.spawn(Arc::clone(&shared.admission).run(cancel.clone()));
+        tracker.spawn(crate::memory::give_back_when_quiet(cancel.clone()));
         Ok(Self {
             shared,
             proxy_addrs,

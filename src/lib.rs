@@ -21,6 +21,7 @@ pub mod fleet;
 pub mod health;
 pub mod log_format;
 pub mod log_writer;
+pub mod memory;
 pub mod node;
 pub mod openapi;
 pub mod otlp;

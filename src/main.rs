@@ -93,58 +93,11 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    if matches!(cli.command, Command::Serve { .. } | Command::Demo { .. }) {
-        runtime.spawn(trim_when_quiet());
-    }
+    // mimalloc keeps freed pages until its next call; the broker asks it to give them back
+    // once quiet (`corral::memory`).
+    // SAFETY: mi_collect only walks mimalloc's own heap of the calling thread.
+    corral::memory::set_collector(|| unsafe { libmimalloc_sys::mi_collect(true) });
     runtime.block_on(run(cli.command))
-}
-
-/// How long without a new request before the broker counts as quiet.
-const QUIET: Duration = Duration::from_secs(1);
-
-/// Give the memory a burst of requests freed back to the system once the broker is quiet:
-/// neither allocator does so by itself while nothing allocates (mimalloc purges freed pages
-/// only from inside its calls, glibc's arenas, which SQLite's page cache and sqlx's worker use,
-/// only trim their top), so a broker idle after a burst kept its peak (issue 16: after a
-/// 2,000-request warm-up at c=16, RssAnon 7.1 MiB; a quiet second later, given back, 4.6 MiB
-/// and VmRSS 23.2 -> 20.8 MiB; purging at every free instead would cost system calls under
-/// load). Once per quiet spell, on the runtime thread (mimalloc collects the calling thread's
-/// heap and the frees other threads sent it).
-async fn trim_when_quiet() {
-    let mut tick = tokio::time::interval(QUIET);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut quiet = corral::server::Quiet::new();
-    loop {
-        tick.tick().await;
-        if quiet.observe(corral::server::requests_begun()) {
-            trim();
-        }
-    }
-}
-
-fn trim() {
-    extern "C" {
-        /// glibc's: give free memory of every arena back (`pad` bytes kept at each top).
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    let before = anon_resident_kib();
-    // SAFETY: both only walk their allocator's own free lists; nothing is borrowed from us.
-    unsafe {
-        libmimalloc_sys::mi_collect(true);
-        malloc_trim(0);
-    }
-    tracing::debug!(anon_kib_before = before, anon_kib_after = anon_resident_kib(), "quiet: freed memory given back");
-}
-
-/// Resident memory not backed by a file (the heap's share), in KiB: `/proc/self/statm`'s
-/// resident less shared pages. 0 where there is no such file.
-fn anon_resident_kib() -> u64 {
-    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: Vec<u64> = statm.split_whitespace().take(3).filter_map(|f| f.parse().ok()).collect();
-    match pages[..] {
-        [_, resident, shared] => resident.saturating_sub(shared) * 4,
-        _ => 0,
-    }
 }
 
 /// Log lines go to stderr through a writer thread (`corral::log_writer`), so a request never

@@ -252,45 +252,6 @@ impl Burst {
     }
 }
 
-/// Requests begun on every listener since start: how the process tells it has gone quiet.
-static REQUESTS_BEGUN: AtomicU64 = AtomicU64::new(0);
-
-/// Requests begun on every listener of this process so far (any listener, any answer).
-pub fn requests_begun() -> u64 {
-    REQUESTS_BEGUN.load(Ordering::Relaxed)
-}
-
-/// Tells, from readings of [`requests_begun`] a fixed time apart, when the process has gone
-/// quiet: no request began between two readings. Says so once per quiet spell.
-#[derive(Debug)]
-pub struct Quiet {
-    seen: Option<u64>,
-    told: Option<u64>,
-}
-
-impl Quiet {
-    pub const fn new() -> Self {
-        Self { seen: None, told: None }
-    }
-
-    /// Take the next reading; `true` when nothing began since the last one and this spell
-    /// of quiet was not told yet.
-    pub fn observe(&mut self, begun: u64) -> bool {
-        let quiet = self.seen == Some(begun) && self.told != Some(begun);
-        if quiet {
-            self.told = Some(begun);
-        }
-        self.seen = Some(begun);
-        quiet
-    }
-}
-
-impl Default for Quiet {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// What a connection is doing, for its timeouts: requests in flight, and since when idle.
 struct Activity {
     accepted: Instant,
@@ -316,7 +277,7 @@ impl Activity {
     fn begin(self: &Arc<Self>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         self.requests.fetch_add(1, Ordering::SeqCst);
-        REQUESTS_BEGUN.fetch_add(1, Ordering::Relaxed);
+        crate::memory::request_began();
         InFlight(Arc::clone(self))
     }
 
@@ -426,13 +387,6 @@ mod tests {
     }
 
     use super::*;
-
-    #[test]
-    fn quiet_is_told_once_per_spell_with_no_request_between_two_readings() {
-        let mut q = Quiet::new();
-        let told: Vec<bool> = [0, 0, 0, 0, 5, 9, 9, 9, 10, 10].into_iter().map(|n| q.observe(n)).collect();
-        assert_eq!(told, [false, true, false, false, false, false, true, false, false, true]);
-    }
 
     fn limits(max: usize, per_ip: usize) -> Limits {
         Limits {
