@@ -3,8 +3,6 @@
 
 mod common;
 
-use common::process::Proc;
-
 /// Anonymous resident memory of process `pid`, in KiB (`RssAnon` in `/proc/<pid>/status`).
 fn rss_anon_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the broker runs");
@@ -17,20 +15,7 @@ fn rss_anon_kib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_broker_quiet_after_a_burst_gives_freed_memory_back() {
-    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "64"]);
-    let node = sim.url("simulated Ollama node on");
-    let db = common::temp_db();
-    let dir = db.with_extension("d");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = dir.join("corral.toml");
-    let text = format!(
-        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{}\"\n\n\
-         [[nodes]]\nname = \"n0\"\nurl = \"{node}\"\nmax_concurrency = 64\n",
-        db.display()
-    );
-    std::fs::write(&cfg, text).expect("config");
-    let serve = Proc::spawn_with(&["serve", "--config", cfg.to_str().unwrap_or_default()], "warn,corral=debug");
-    let base = serve.url("serving the Ollama API on");
+    let (_sim, serve, base) = common::process::serve_before_a_sim(&common::temp_db(), "warn,corral=debug");
     // The first quiet second after start: what start-up freed goes back first.
     serve.wait_for("freed memory given back");
     let client = reqwest::Client::new();

@@ -304,21 +304,8 @@ async fn history_says_on_stderr_when_limit_stopped_it_whatever_the_format() {
 /// one row in the store and exactly one `request finished` line, under the id Corral gave it.
 #[tokio::test(flavor = "multi_thread")]
 async fn under_load_every_request_gets_one_row_and_one_log_line() {
-    use common::process::Proc;
-    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "64"]);
-    let node = sim.url("simulated Ollama node on");
     let db = temp_db();
-    let dir = db.with_extension("d");
-    std::fs::create_dir_all(&dir).expect("dir");
-    let cfg = dir.join("corral.toml");
-    let text = format!(
-        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{}\"\n\n\
-         [[nodes]]\nname = \"n0\"\nurl = \"{node}\"\nmax_concurrency = 64\n",
-        db.display()
-    );
-    std::fs::write(&cfg, text).expect("config");
-    let mut serve = Proc::spawn(&["serve", "--config", cfg.to_str().unwrap_or_default()]);
-    let base = serve.url("serving the Ollama API on");
+    let (_sim, mut serve, base) = common::process::serve_before_a_sim(&db, "info");
     let client = reqwest::Client::new();
     let asks = [
         (

@@ -166,3 +166,23 @@ impl Drop for Proc {
         let _ = self.child.wait();
     }
 }
+
+/// A real `corral serve` with its shipped defaults (the store at `db`, `CORRAL_LOG` = `log`) in
+/// front of one fast `corral sim` node `n0` taking 64 at once: the sim, the broker, and the
+/// broker's proxy URL.
+pub fn serve_before_a_sim(db: &std::path::Path, log: &str) -> (Proc, Proc, String) {
+    let sim = Proc::spawn(&["sim", "--port", "0", "--tps", "0", "--ttft-ms", "0", "--parallel", "64"]);
+    let node = sim.url("simulated Ollama node on");
+    let dir = db.with_extension("d");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let cfg = dir.join("corral.toml");
+    let text = format!(
+        "[[listeners]]\naddr = \"127.0.0.1:0\"\n\n[admin]\naddr = \"127.0.0.1:0\"\n\n[store]\npath = \"{}\"\n\n\
+         [[nodes]]\nname = \"n0\"\nurl = \"{node}\"\nmax_concurrency = 64\n",
+        db.display()
+    );
+    std::fs::write(&cfg, text).expect("config");
+    let serve = Proc::spawn_with(&["serve", "--config", cfg.to_str().unwrap_or_default()], log);
+    let base = serve.url("serving the Ollama API on");
+    (sim, serve, base)
+}
