@@ -390,13 +390,17 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadFault> {
         _ => http::Version::HTTP_10,
     };
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    // The values are slices of one copy of the head: one allocation for all of them, and the
+    // copies made for the client's answer (`forward::answer_headers`) only count references,
+    // where a value each was an allocation made and another on its first clone.
+    let head = Bytes::copy_from_slice(&buf[..len]);
     // `close` on any `Connection` line wins over `keep-alive` on another.
     let (mut close, mut keep) = (false, version == http::Version::HTTP_11);
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes())
             .map_err(|_| HeadFault::Malformed(format!("header name {:?}", h.name)))?;
-        let value =
-            HeaderValue::from_bytes(h.value).map_err(|_| HeadFault::Malformed(format!("value of header {name}")))?;
+        let value = HeaderValue::from_maybe_shared(within(&head, buf, h.value))
+            .map_err(|_| HeadFault::Malformed(format!("value of header {name}")))?;
         if name == header::CONNECTION {
             let says = |word: &str| {
                 value.as_bytes().split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(word.as_bytes()))
@@ -408,6 +412,16 @@ fn parse_head(buf: &mut BytesMut) -> Result<Option<Head>, HeadFault> {
     }
     buf.advance(len);
     Ok(Some(Head { status, version, headers, keep_alive: keep && !close }))
+}
+
+/// `part` (a slice of `buf` that httparse handed back) as the same bytes of `head`, the copy
+/// of `buf`'s start; copied on its own should it not lie there.
+fn within(head: &Bytes, buf: &[u8], part: &[u8]) -> Bytes {
+    let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    match at.checked_add(part.len()) {
+        Some(end) if end <= head.len() => head.slice(at..end),
+        _ => Bytes::copy_from_slice(part),
+    }
 }
 
 /// How the answer's body ends (RFC 9112, section 6.3).
@@ -646,6 +660,19 @@ mod tests {
     use http_body_util::BodyExt as _;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
+
+    #[test]
+    fn a_header_value_is_a_slice_of_the_head_copy_and_anything_else_is_copied() {
+        let buf = b"HTTP/1.1 200 OK\r\nx-a: one\r\n\r\n".to_vec();
+        let head = Bytes::copy_from_slice(&buf);
+        let at = buf.windows(3).position(|w| w == b"one").expect("value");
+        let inside = within(&head, &buf, &buf[at..at + 3]);
+        assert_eq!(&inside[..], b"one");
+        assert_eq!(inside.as_ptr(), head[at..].as_ptr(), "shared with the head, not copied");
+        let elsewhere = b"two".to_vec();
+        assert_eq!(&within(&head, &buf, &elsewhere)[..], b"two", "not in the head: copied");
+        assert_eq!(&within(&head, &buf, &buf[buf.len()..])[..], b"", "an empty value at the end");
+    }
 
     /// What the scripted node does with its `n`th request (counted over all connections).
     struct Reply {
