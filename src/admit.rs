@@ -216,6 +216,7 @@ impl Admission {
                 q.remote_bytes += ticket.body_bytes;
             }
             q.waiters.insert(key, Waiter { ticket, tx });
+            self.registry.wake().queued();
             (key, rx)
         };
         // Leaves the queue however this future ends (placed, timed out, client gone).
@@ -246,7 +247,11 @@ impl Admission {
     }
 
     fn remove(&self, key: Key) -> bool {
-        self.lock().take(&key).is_some()
+        let removed = self.lock().take(&key).is_some();
+        if removed {
+            self.registry.wake().unqueued();
+        }
+        removed
     }
 
     /// Place every waiter that fits, in queue order.
@@ -267,6 +272,7 @@ impl Admission {
                     Placement::Impossible(e) => Err(e),
                 };
                 if let Some(w) = q.take(&key) {
+                    self.registry.wake().unqueued();
                     if let Err(Ok(guard)) = w.tx.send(result) {
                         undeliverable.push(guard);
                     }

@@ -270,7 +270,7 @@ pub struct Node {
     /// The expected end of each running request that has one (slot id, end): when a slot frees.
     timetable: Mutex<Vec<(u64, Instant)>>,
     next_slot: AtomicU64,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
     events: Events,
     /// Bumped whenever a model list changes: the registry's per-model index is rebuilt then.
     models_gen: Arc<AtomicU64>,
@@ -349,14 +349,14 @@ impl std::fmt::Debug for Node {
 }
 
 impl Node {
-    pub fn new(config: NodeConfig, tuning: NodeTuning, wake: Arc<Notify>) -> Result<Self, url::ParseError> {
+    pub fn new(config: NodeConfig, tuning: NodeTuning, wake: Arc<Wake>) -> Result<Self, url::ParseError> {
         Self::with_events(config, tuning, wake, Events::default(), Arc::default())
     }
 
     fn with_events(
         config: NodeConfig,
         tuning: NodeTuning,
-        wake: Arc<Notify>,
+        wake: Arc<Wake>,
         events: Events,
         models_gen: Arc<AtomicU64>,
     ) -> Result<Self, url::ParseError> {
@@ -441,7 +441,7 @@ impl Node {
             *lock(&self.admin_since) = Since::now(reason);
             tracing::info!(node = %self.name(), from = ?from, to = ?to, "node admin state changed");
             self.publish(before);
-            self.wake.notify_one();
+            self.wake.notify();
         }
     }
 
@@ -503,7 +503,7 @@ impl Node {
 
     pub fn set_max_concurrency(&self, n: u32) {
         self.hot.max_concurrency.store(n.max(1), Ordering::Release);
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     /// This broker's share of the node's slots in a fleet; `None` on its own.
@@ -515,7 +515,7 @@ impl Node {
     /// requests in the queue; a share that rises wakes it.
     pub fn set_fleet_share(&self, n: u32) {
         if self.hot.fleet_share.swap(n, Ordering::AcqRel) < n {
-            self.wake.notify_one();
+            self.wake.notify();
         }
     }
 
@@ -713,7 +713,7 @@ impl Node {
             self.models.store(Arc::new(Some(set)));
             self.models_gen.fetch_add(1, Ordering::AcqRel);
         }
-        self.wake.notify_one();
+        self.wake.notify();
     }
 
     pub fn loaded(&self) -> Arc<Vec<LoadedModel>> {
@@ -886,7 +886,7 @@ impl Node {
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
             self.publish(before);
-            self.wake.notify_one();
+            self.wake.notify();
         } else if to == Health::Unhealthy {
             // Still down: keep since when, tell the latest cause.
             lock(&self.health_since).reason = reason.to_string();
@@ -984,7 +984,7 @@ impl Node {
         }
         if let Some(state) = self.with_breaker(|b| b.record(permit, outcome, Instant::now())) {
             tracing::info!(node = %self.name(), breaker = state.name(), ?outcome, "breaker changed");
-            self.wake.notify_one();
+            self.wake.notify();
         }
     }
 }
@@ -1068,6 +1068,51 @@ impl InFlight {
     }
 }
 
+/// What wakes the admission queue's dispatcher (`crate::admit`): node events that may let a
+/// waiting request go (health, breaker, admin state, capacity, models), and freed slots. A slot
+/// freed while nobody waits wakes nothing: with the queue empty, as under a steady load it
+/// mostly is, that wake was a task scheduled and a queue walk per request for nothing.
+#[derive(Debug, Default)]
+pub struct Wake {
+    pub(crate) notify: Notify,
+    /// Requests in the admission queue.
+    waiting: AtomicUsize,
+}
+
+impl Wake {
+    /// Something changed that may place a waiting request.
+    pub fn notify(&self) {
+        self.notify.notify_one();
+    }
+
+    /// The dispatcher waits here.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+
+    /// A request joined the queue; it tries to place itself once more after this, so a slot
+    /// freed just before (unseen by `slot_freed`) is not missed.
+    pub fn queued(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        // Pairs with the fence in `slot_freed`: either that one sees this request waiting, or
+        // the request's own placement after this sees the slot free.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// A request left the queue (placed, timed out, gone).
+    pub fn unqueued(&self) {
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A slot was given back (its `in_flight` already decremented).
+    fn slot_freed(&self) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_one();
+        }
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         // An exchange dropped without a verdict ended because the client left.
@@ -1076,7 +1121,7 @@ impl Drop for InFlight {
             lock(&self.node.timetable).retain(|(i, _)| *i != id);
         }
         self.node.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.node.wake.notify_one();
+        self.node.wake.slot_freed();
     }
 }
 
@@ -1084,7 +1129,7 @@ impl Drop for InFlight {
 /// node's in-flight requests keep their `Arc` and finish).
 pub struct Registry {
     nodes: ArcSwap<Vec<Arc<Node>>>,
-    wake: Arc<Notify>,
+    wake: Arc<Wake>,
     tuning: Mutex<NodeTuning>,
     events: Events,
     /// Bumped by every node whose model list changes, and by adding or removing a node.
@@ -1148,7 +1193,7 @@ impl std::fmt::Debug for Registry {
 
 impl Registry {
     pub fn new(configs: &[NodeConfig], tuning: NodeTuning) -> Result<Self, url::ParseError> {
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(Wake::default());
         let events = Events::default();
         let models_gen = Arc::new(AtomicU64::new(1));
         let nodes = configs
@@ -1211,7 +1256,7 @@ impl Registry {
         next.push(Arc::clone(&node));
         self.nodes.store(Arc::new(next));
         self.models_gen.fetch_add(1, Ordering::AcqRel);
-        self.wake.notify_one();
+        self.wake.notify();
         Ok(node)
     }
 
@@ -1237,7 +1282,7 @@ impl Registry {
     }
 
     /// Woken whenever a slot frees or a node's state changes.
-    pub fn wake(&self) -> &Arc<Notify> {
+    pub fn wake(&self) -> &Arc<Wake> {
         &self.wake
     }
 }
@@ -1248,7 +1293,7 @@ mod tests {
 
     fn node() -> Arc<Node> {
         let cfg = NodeConfig { name: "a".into(), url: "http://127.0.0.1:1".into(), ..NodeConfig::default() };
-        Arc::new(Node::new(cfg, NodeTuning::default(), Arc::new(Notify::new())).expect("valid url"))
+        Arc::new(Node::new(cfg, NodeTuning::default(), Arc::default()).expect("valid url"))
     }
 
     #[test]
@@ -1315,6 +1360,22 @@ mod tests {
         assert!(n.try_dispatch(false).is_none(), "no third slot");
     }
 
+    #[test]
+    fn a_freed_slot_wakes_the_queue_only_while_a_request_waits() {
+        use futures_util::FutureExt as _;
+        let wake = Wake::default();
+        wake.slot_freed();
+        assert!(wake.notified().now_or_never().is_none(), "nobody waits: no wake, no permit kept");
+        wake.queued();
+        wake.slot_freed();
+        assert!(wake.notified().now_or_never().is_some(), "a request waits: woken");
+        wake.unqueued();
+        wake.slot_freed();
+        assert!(wake.notified().now_or_never().is_none(), "it left: no wake again");
+        wake.notify();
+        assert!(wake.notified().now_or_never().is_some(), "node events wake it whatever waits");
+    }
+
     #[tokio::test]
     async fn a_fleet_share_limits_the_slots_and_a_rising_share_wakes_the_queue() {
         let n = node();
@@ -1325,7 +1386,7 @@ mod tests {
         assert!(n.try_dispatch(false).is_none() && !n.has_capacity(), "the share, not max_concurrency, is the limit");
         n.set_fleet_share(0);
         assert_eq!(n.slots(), 0, "a share of 0 keeps requests queued");
-        let woken = n.wake.notified();
+        let woken = n.wake.notify.notified();
         n.set_fleet_share(2);
         tokio::time::timeout(Duration::from_secs(1), woken).await.expect("a rising share wakes the dispatcher");
         assert!(n.try_dispatch(false).is_some(), "room again under the new share");
