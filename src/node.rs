@@ -840,7 +840,17 @@ impl Node {
     }
 
     pub fn context_length(&self, model: &str) -> Option<u64> {
-        self.context.load().get(&normalize_model(model)).copied()
+        self.context_length_key(&model_key(model))
+    }
+
+    /// `context_length` for a name already passed through `model_key` (once per request, not
+    /// per node: it was an allocation per node per request).
+    pub fn context_length_key(&self, key: &str) -> Option<u64> {
+        let context = self.context.load();
+        if context.is_empty() {
+            return None;
+        }
+        context.get(key).copied()
     }
 
     /// Take a slot if the node has one under `max_concurrency` (and this broker's fleet share)

@@ -42,7 +42,8 @@ pub(super) fn check(
 ) -> Result<Option<String>, BrokerError> {
     let Some(estimated) = estimate_tokens(path, v) else { return Ok(None) };
     let requested = v.num_ctx.filter(|n| *n > 0);
-    let learned = shared.registry.all().iter().filter_map(|n| n.context_length(model)).max();
+    let key = crate::config::model_key(model);
+    let learned = shared.registry.all().iter().filter_map(|n| n.context_length_key(&key)).max();
     let limit = requested.or(learned).unwrap_or(config.proxy.default_num_ctx);
     if estimated > limit {
         if v.truncate == Some(false) {
