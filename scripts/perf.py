@@ -8,7 +8,7 @@ bottleneck: the `direct` baseline must reach 5x the proxies' RPS, and the run sa
 does not. Every (scenario, concurrency) is run in rounds; within a round every target runs once,
 in an order rotated per round, so ratios compare targets that saw the same machine. Latency
 percentiles are over every request of every round (oha's per-request CSV), CPU time per request
-is utime+stime from /proc of each target's processes over its runs, and resident memory is read
+is utime+stime from /proc of each target's processes over its runs (stime shown apart), and resident memory is read
 from /proc at start, after warm-up, under load (the peak seen while c=64 ran) and with 1,000
 open streams. Loopback only; every run is bounded in count.
 """
@@ -63,14 +63,16 @@ def children(pid):
 
 
 def cpu_ticks(pids):
-    t = 0
+    """(user + kernel, kernel) clock ticks of `pids` so far, from /proc (every thread's)."""
+    t = k = 0
     for p in pids:
         try:
             f = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
             t += int(f[11]) + int(f[12])
+            k += int(f[12])
         except OSError:
             pass
-    return t
+    return t, k
 
 
 def rss_mib(pids):
@@ -255,6 +257,8 @@ class Target:
     def __init__(self, name, url, pids):
         self.name, self.url, self.pids = name, url, pids
         self.rps, self.lat, self.failed, self.ticks, self.reqs = {}, {}, {}, {}, {}
+        # The kernel's share of `ticks` (stime): TCP on both hops and waking the other ends.
+        self.sys = {}
 
 
 def run_matrix(oha_bin, targets, n, rounds, peak):
@@ -263,6 +267,7 @@ def run_matrix(oha_bin, targets, n, rounds, peak):
             key = (scen, c)
             for t in targets:
                 t.rps[key], t.lat[key], t.failed[key], t.ticks[key], t.reqs[key] = [], [], 0, 0, 0
+                t.sys[key] = 0
             for r in range(rounds):
                 order = targets[r % len(targets):] + targets[:r % len(targets)]
                 for t in order:
@@ -272,7 +277,9 @@ def run_matrix(oha_bin, targets, n, rounds, peak):
                     rps, lat, failed = oha(oha_bin, t.url + path, body, c, n)
                     if watch:
                         peak[t.name] = max(peak.get(t.name, 0), watch.stop())
-                    t.ticks[key] += cpu_ticks(pids) - before
+                    after = cpu_ticks(pids)
+                    t.ticks[key] += after[0] - before[0]
+                    t.sys[key] += after[1] - before[1]
                     t.rps[key].append(rps)
                     t.lat[key] += lat
                     t.failed[key] += failed
@@ -306,7 +313,7 @@ def report(targets, n, rounds, rss, peak, machine):
     proxies = [t for t in targets if t.name != "direct"]
     print("## The run\n")
     print(f"{machine}. Load generator: oha {n} requests per run, {rounds} interleaved rounds per row (order rotated each round).\n")
-    print("| scenario | c | target | RPS (median of rounds) | x nginx | p50 ms | p99 ms | CPU us / request | failed |")
+    print("| scenario | c | target | RPS (median of rounds) | x nginx | p50 ms | p99 ms | CPU us / request (kernel) | failed |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     warnings = []
     for scen, _, _, concs in SCENARIOS:
@@ -316,7 +323,8 @@ def report(targets, n, rounds, rss, peak, machine):
             for t in targets:
                 rps = median(t.rps[key])
                 cpu = t.ticks[key] / HZ / max(t.reqs[key], 1) * 1e6
-                cpu_s = "–" if t.name == "direct" else f"{cpu:.1f}"
+                kernel = t.sys[key] / HZ / max(t.reqs[key], 1) * 1e6
+                cpu_s = "–" if t.name == "direct" else f"{cpu:.1f} ({kernel:.1f})"
                 print(f"| {scen} | {c} | {t.name} | {rps:,.0f} | {rps / base:.2f} | {pct(t.lat[key], 0.5):.2f} | "
                       f"{pct(t.lat[key], 0.99):.2f} | {cpu_s} | {t.failed[key]} |")
             direct = median(by["direct"].rps[key])
