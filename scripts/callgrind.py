@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Instructions per proxied request, under callgrind: the repeatable figure used to judge each
 change to the request path (wall-clock CPU on a shared 2-core machine moves by 10% run to run;
-this moves by under 1%). Not a substitute for scripts/perf: valgrind runs one thread at a time
+with --bare this moves by under 0.1%; with the store on, by about 2%, as the writer's batches
+fall differently from run to run, so judge a request-path change with --bare). Not a
+substitute for scripts/perf: valgrind runs one thread at a time
 and counts a `rep movsb` copy per byte, so memcpy weighs more and cross-thread costs less than
 on the hardware; confirm a change with an interleaved wall-clock run.
 
