@@ -1084,7 +1084,7 @@ impl InFlight {
 /// mostly is, that wake was a task scheduled and a queue walk per request for nothing.
 #[derive(Debug, Default)]
 pub struct Wake {
-    pub(crate) notify: Notify,
+    notify: Notify,
     /// Requests in the admission queue.
     waiting: AtomicUsize,
 }
@@ -1396,7 +1396,7 @@ mod tests {
         assert!(n.try_dispatch(false).is_none() && !n.has_capacity(), "the share, not max_concurrency, is the limit");
         n.set_fleet_share(0);
         assert_eq!(n.slots(), 0, "a share of 0 keeps requests queued");
-        let woken = n.wake.notify.notified();
+        let woken = n.wake.notified();
         n.set_fleet_share(2);
         tokio::time::timeout(Duration::from_secs(1), woken).await.expect("a rising share wakes the dispatcher");
         assert!(n.try_dispatch(false).is_some(), "room again under the new share");
