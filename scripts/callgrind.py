@@ -8,14 +8,15 @@ and counts a `rep movsb` copy per byte, so memcpy weighs more and cross-thread c
 on the hardware; confirm a change with an interleaved wall-clock run.
 
     python3 scripts/callgrind.py target/profiling/corral [--requests 500] [--bare]
-        [--path /api/chat|/api/generate|/v1/chat/completions] [--annotate]
+        [--path /api/chat|/api/generate|/v1/chat/completions] [--annotate] [--keep]
 
 Starts two fake nodes (scripts/perf.py's nginx with canned answers), `corral serve` under
 callgrind with the shipped defaults (or --bare: store off, log at warn), sends 200 warm-up
 requests, zeroes the counters, sends --requests over 4 keep-alive connections, waits 1 s for
 the store writer and the log thread, dumps, and prints instructions per request (with
---annotate, the top functions by inclusive count). Build with `cargo build --profile
-profiling` for symbols. Needs nginx and valgrind. Loopback only; bounded in count.
+--annotate, the top functions by inclusive count). Its work directory is removed at the end
+unless --keep (then the path is printed, for callgrind_annotate). Build with `cargo build
+--profile profiling` for symbols. Needs nginx and valgrind. Loopback only; bounded in count.
 """
 import argparse
 import glob
@@ -23,6 +24,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,7 @@ def main():
     ap.add_argument("--bare", action="store_true")
     ap.add_argument("--path", default="/api/chat", choices=[s[1] for s in perf.SCENARIOS])
     ap.add_argument("--annotate", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (callgrind's output) for callgrind_annotate")
     a = ap.parse_args()
     body = json.dumps(next(s[2] for s in perf.SCENARIOS if s[1] == a.path))
     work = tempfile.mkdtemp(prefix="corral-callgrind-")
@@ -96,6 +99,10 @@ def main():
                 os.kill(p, 15)
             except OSError:
                 pass
+        if a.keep:
+            print(f"kept {work} (callgrind's output: cg.out.*)")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
