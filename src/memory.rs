@@ -52,10 +52,6 @@ pub struct Quiet {
 }
 
 impl Quiet {
-    pub const fn new() -> Self {
-        Self { seen: None, told: None }
-    }
-
     /// Take the next reading; `true` when nothing began since the last one and this spell
     /// of quiet was not told yet.
     pub fn observe(&mut self, begun: u64) -> bool {
@@ -72,7 +68,7 @@ impl Quiet {
 pub async fn give_back_when_quiet(cancel: CancellationToken) {
     let mut tick = tokio::time::interval(QUIET);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut quiet = Quiet::new();
+    let mut quiet = Quiet::default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -129,7 +125,7 @@ mod tests {
 
     #[test]
     fn quiet_is_told_once_per_spell_with_no_request_between_two_readings() {
-        let mut q = Quiet::new();
+        let mut q = Quiet::default();
         let told: Vec<bool> = [0, 0, 0, 0, 5, 9, 9, 9, 10, 10].into_iter().map(|n| q.observe(n)).collect();
         assert_eq!(told, [false, true, false, false, false, false, true, false, false, true]);
     }
