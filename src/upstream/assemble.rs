@@ -11,6 +11,7 @@
 //! `encoding/json` encodes them (`<`, `>`, `&` as `\u003c`...). An error line in the stream is
 //! what Ollama would have answered with status 500.
 
+use std::ops::Range;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -426,6 +427,10 @@ pub struct Assembler {
     tool_calls: Vec<String>,
     logprobs: Vec<String>,
     last: Option<Vec<u8>>,
+    /// The shape of `last` when [`plain_line`] read it: the next line is first tried against it.
+    shape: Option<Shape>,
+    /// Where the values of the line being followed sit (swapped into `shape` when it fits).
+    spare: Vec<Range<usize>>,
     /// A line not yet ended by `\n`.
     partial: Vec<u8>,
     read: usize,
@@ -440,6 +445,8 @@ impl Assembler {
             tool_calls: Vec::new(),
             logprobs: Vec::new(),
             last: None,
+            shape: None,
+            spare: Vec::new(),
             partial: Vec::new(),
             read: 0,
         }
@@ -472,7 +479,7 @@ impl Assembler {
         if line.iter().all(u8::is_ascii_whitespace) {
             return Ok(());
         }
-        if let Some(plain) = plain_line(self.api, line) {
+        if let Some(plain) = self.plain(line) {
             self.content.push_str(plain.text);
             self.thinking.push_str(plain.thinking);
             let last = self.last.get_or_insert_with(Vec::new);
@@ -502,6 +509,21 @@ impl Assembler {
         last.clear();
         last.extend_from_slice(line);
         Ok(())
+    }
+
+    /// `line` read without serde: by the shape of the line before it when it has that shape
+    /// (most lines of a stream), else by [`plain_line`], whose shape is then kept for the next.
+    fn plain<'a>(&mut self, line: &'a [u8]) -> Option<Plain<'a>> {
+        if let (Some(shape), Some(last)) = (&mut self.shape, &self.last) {
+            if let Some(plain) = shape.follow(last, line, &mut self.spare) {
+                std::mem::swap(&mut shape.values, &mut self.spare);
+                return Some(plain);
+            }
+        }
+        let mut shape = self.shape.take().unwrap_or_default();
+        let plain = plain_line_shaped(self.api, line, &mut shape)?;
+        self.shape = Some(shape);
+        Some(plain)
     }
 
     /// The one JSON: the last line with the joined text and gathered lists put in.
@@ -610,7 +632,7 @@ struct Plain<'a> {
     text: &'a str,
     thinking: &'a str,
     /// The text's string (quotes included) in the line, when the line has one.
-    text_at: Option<std::ops::Range<usize>>,
+    text_at: Option<Range<usize>>,
     /// The line names a `thinking` (even an empty one).
     has_thinking: bool,
     /// `"done":true`.
@@ -625,8 +647,15 @@ struct Plain<'a> {
 /// `error`. Anything else is `None` and goes to serde, which reads it or says why not, so every
 /// line taken here is one serde reads the same way.
 fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
+    plain_line_shaped(api, line, &mut Shape::default())
+}
+
+/// [`plain_line`], noting the line's shape in `shape` (left unspecified when `None`).
+fn plain_line_shaped<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'a>> {
     let line = std::str::from_utf8(line).ok()?;
-    let mut scan = Scan { b: line.as_bytes(), at: 0, s: line };
+    shape.values.clear();
+    (shape.text, shape.thinking) = (None, None);
+    let mut scan = Scan { b: line.as_bytes(), at: 0, s: line, values: &mut shape.values };
     let (mut text, mut thinking, mut message, mut done) = (None, None, false, false);
     let (mut text_at, mut done_true) = (None, false);
     scan.eat(b'{')?;
@@ -645,10 +674,14 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
                             match key {
                                 "content" if text.is_none() => {
                                     let from = scan.at;
-                                    text = Some(scan.string()?);
+                                    shape.text = Some(scan.values.len());
+                                    text = Some(scan.value_string()?);
                                     text_at = Some(from..scan.at);
                                 }
-                                "thinking" if thinking.is_none() => thinking = Some(scan.string()?),
+                                "thinking" if thinking.is_none() => {
+                                    shape.thinking = Some(scan.values.len());
+                                    thinking = Some(scan.value_string()?);
+                                }
                                 "content" | "thinking" | "tool_calls" => return None,
                                 _ => scan.scalar()?,
                             }
@@ -661,10 +694,14 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
                 }
                 (Api::Generate | Api::V1Chat, "response") if text.is_none() => {
                     let from = scan.at;
-                    text = Some(scan.string()?);
+                    shape.text = Some(scan.values.len());
+                    text = Some(scan.value_string()?);
                     text_at = Some(from..scan.at);
                 }
-                (Api::Generate | Api::V1Chat, "thinking") if thinking.is_none() => thinking = Some(scan.string()?),
+                (Api::Generate | Api::V1Chat, "thinking") if thinking.is_none() => {
+                    shape.thinking = Some(scan.values.len());
+                    thinking = Some(scan.value_string()?);
+                }
                 (_, "done") if !done => {
                     done = true;
                     done_true = scan.word(b"true").is_some();
@@ -681,6 +718,7 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
             }
         }
     }
+    shape.done = done_true;
     (scan.at == scan.b.len()).then(|| Plain {
         text: text.unwrap_or_default(),
         has_thinking: thinking.is_some(),
@@ -690,14 +728,76 @@ fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
     })
 }
 
+/// Where a line's string values sit, so the lines after it are read by comparing bytes: an
+/// Ollama stream's lines differ only in their values (`created_at`, the token), so a line that
+/// is byte for byte its predecessor outside them has its predecessor's keys, structure, numbers
+/// and flags, and reading it is finding where each value ends. That read took four in five of
+/// the instructions [`plain_line`] spent per line (callgrind, issue 16).
+#[derive(Debug, Default)]
+struct Shape {
+    /// Each string value's text (quotes excluded), in line order.
+    values: Vec<Range<usize>>,
+    /// Which value is the text, and which the thinking.
+    text: Option<usize>,
+    thinking: Option<usize>,
+    done: bool,
+}
+
+impl Shape {
+    /// `line` read as [`plain_line`] reads it, when it is `prev` (the line this shape was taken
+    /// from) but for its string values, each a plain string (no escape or control character:
+    /// what [`Scan::string`] takes) of valid UTF-8. The values' places go to `next`. `None`
+    /// when `line` differs in anything else; then [`plain_line`] reads it.
+    fn follow<'a>(&self, prev: &[u8], line: &'a [u8], next: &mut Vec<Range<usize>>) -> Option<Plain<'a>> {
+        next.clear();
+        let (mut p, mut q) = (0, 0);
+        let (mut text, mut thinking) = ("", "");
+        for (i, v) in self.values.iter().enumerate() {
+            // The bytes up to the value, its opening quote included.
+            let fixed = prev.get(p..v.start)?;
+            if line.get(q..q + fixed.len())? != fixed {
+                return None;
+            }
+            q += fixed.len();
+            let n = plain_run(&line[q..]);
+            if line.get(q + n) != Some(&b'"') {
+                return None;
+            }
+            let value = &line[q..q + n];
+            if Some(i) == self.text {
+                text = std::str::from_utf8(value).ok()?;
+            } else if Some(i) == self.thinking {
+                thinking = std::str::from_utf8(value).ok()?;
+            } else if !value.is_ascii() {
+                std::str::from_utf8(value).ok()?;
+            }
+            next.push(q..q + n);
+            (p, q) = (v.end, q + n);
+        }
+        if line.get(q..)? != prev.get(p..)? {
+            return None;
+        }
+        // Each value is valid UTF-8 and every other byte is `prev`'s, cut at ASCII quotes.
+        Some(Plain {
+            text,
+            thinking,
+            text_at: self.text.and_then(|i| next.get(i)).map(|r| r.start - 1..r.end + 1),
+            has_thinking: self.thinking.is_some(),
+            done: self.done,
+        })
+    }
+}
+
 /// A strict reader over one line for [`plain_line`]: each step is `None` where serde must look.
-struct Scan<'a> {
+struct Scan<'a, 'v> {
     b: &'a [u8],
     at: usize,
     s: &'a str,
+    /// Where each string value read so far sits (its shape, see [`Shape`]).
+    values: &'v mut Vec<Range<usize>>,
 }
 
-impl<'a> Scan<'a> {
+impl<'a> Scan<'a, '_> {
     fn eat(&mut self, c: u8) -> Option<()> {
         (self.b.get(self.at) == Some(&c)).then(|| self.at += 1)
     }
@@ -712,6 +812,13 @@ impl<'a> Scan<'a> {
         }
         self.at = end + 1;
         self.s.get(start..end)
+    }
+
+    /// A string that is a value, not a key: its place is noted in the line's shape.
+    fn value_string(&mut self) -> Option<&'a str> {
+        let text = self.string()?;
+        self.values.push(self.at - 1 - text.len()..self.at - 1);
+        Some(text)
     }
 
     fn boolean(&mut self) -> Option<()> {
@@ -753,7 +860,7 @@ impl<'a> Scan<'a> {
     /// A string, number, `true`, `false` or `null`.
     fn scalar(&mut self) -> Option<()> {
         match self.b.get(self.at)? {
-            b'"' => self.string().map(drop),
+            b'"' => self.value_string().map(drop),
             b't' | b'f' => self.boolean(),
             b'n' => self.word(b"null"),
             _ => self.number(),
@@ -1003,6 +1110,87 @@ mod tests {
             if let Some(p) = plain_line(api, line.as_bytes()) {
                 let serde = by_serde(api, line.as_bytes());
                 proptest::prop_assert_eq!(serde, Some((p.text.to_string(), p.thinking.to_string())), "{}", line);
+            }
+        }
+    }
+
+    /// `line` read by the shape of `prev`, when `prev` has one.
+    fn followed<'a>(api: Api, prev: &[u8], line: &'a [u8]) -> Option<Plain<'a>> {
+        let mut shape = Shape::default();
+        plain_line_shaped(api, prev, &mut shape)?;
+        shape.follow(prev, line, &mut Vec::new())
+    }
+
+    #[test]
+    fn a_line_shaped_as_the_one_before_is_read_by_its_values() {
+        let line = |at: &str, text: &str| {
+            format!(
+                r#"{{"model":"llama3.2","created_at":"{at}","message":{{"role":"assistant","content":"{text}"}},"done":false}}"#
+            )
+        };
+        let first = line("2026-12-01T00:00:00.123456789Z", " The");
+        let next = line("2026-12-01T00:00:00.2Z", " quick é");
+        let p = followed(Api::Chat, first.as_bytes(), next.as_bytes()).expect("the same shape");
+        assert_eq!(p, plain_line(Api::Chat, next.as_bytes()).expect("plain"));
+        assert_eq!((p.text, p.done), (" quick é", false));
+        // Anything but a plain value differs: the line goes to the full read.
+        for other in [
+            next.replace("false", "true"),
+            next.replace("role", "rolf"),
+            next.replace(" quick", r#"\" quick"#),
+            next.replace(" quick", "\u{1} quick"),
+            next.replace(r#""},"done""#, r#""} ,"done""#),
+            next.clone() + " ",
+            next[..next.len() - 1].to_string(),
+        ] {
+            assert_eq!(followed(Api::Chat, first.as_bytes(), other.as_bytes()), None, "{other}");
+        }
+        let mut bad = next.clone().into_bytes();
+        let at = next.find("llama").expect("model");
+        bad[at] = 0xff;
+        assert_eq!(followed(Api::Chat, first.as_bytes(), &bad), None, "invalid UTF-8 in a value that is not the text");
+        let gen = |t: &str| format!(r#"{{"model":"m","created_at":"t","response":"{t}","thinking":"","done":false}}"#);
+        let bcd = gen("bcd");
+        let p = followed(Api::Generate, gen("a").as_bytes(), bcd.as_bytes()).expect("the same shape");
+        let quoted = bcd.find(r#""bcd""#).expect("text");
+        assert_eq!((p.text, p.has_thinking, p.text_at), ("bcd", true, Some(quoted..quoted + 5)));
+    }
+
+    proptest::proptest! {
+        /// Whatever the shape of the line before takes, the full read takes and reads the same
+        /// way: lines of known and unknown fields, with any bytes (quotes, backslashes, braces,
+        /// digits, control and non-UTF-8 bytes) put in anywhere.
+        #[test]
+        fn the_shape_reader_agrees_with_the_full_read(
+            chat in proptest::bool::ANY,
+            fields in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just(r#""model":"llama3.2""#),
+                    proptest::strategy::Just(r#""created_at":"2026-12-01T00:00:00Z""#),
+                    proptest::strategy::Just(r#""message":{"role":"assistant","content":"hi"}"#),
+                    proptest::strategy::Just(r#""message":{"content":"a","thinking":"t"}"#),
+                    proptest::strategy::Just(r#""response":"r""#),
+                    proptest::strategy::Just(r#""thinking":"th""#),
+                    proptest::strategy::Just(r#""done":false"#),
+                    proptest::strategy::Just(r#""eval_count":-0.5E+3"#),
+                    proptest::strategy::Just(r#""o":{"a":"b","c":null}"#),
+                ],
+                0..6,
+            ),
+            at in proptest::num::usize::ANY,
+            cut in 0usize..4,
+            put in proptest::collection::vec(
+                proptest::sample::select(vec![b'a', b' ', b'"', b'\\', b'{', b'}', b':', b',', b'0', 0x01, 0xc3, 0xa9, 0xff]),
+                0..4,
+            ),
+        ) {
+            let api = if chat { Api::Chat } else { Api::Generate };
+            let prev = format!("{{{}}}", fields.join(","));
+            let mut line = prev.clone().into_bytes();
+            let at = at % (line.len() + 1);
+            line.splice(at..(at + cut).min(line.len()), put);
+            if let Some(p) = followed(api, prev.as_bytes(), &line) {
+                proptest::prop_assert_eq!(Some(p), plain_line(api, &line), "{}", String::from_utf8_lossy(&line));
             }
         }
     }
