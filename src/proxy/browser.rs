@@ -217,8 +217,8 @@ fn preflight() -> Response {
 /// like Corral, takes the body as JSON whatever it is labelled.
 pub(super) fn json_body(headers: &HeaderMap) -> Result<(), BrokerError> {
     let from_browser = headers.contains_key(header::ORIGIN)
-        || headers.contains_key("sec-fetch-mode")
-        || headers.contains_key("sec-fetch-site");
+        || headers.contains_key(&super::names::SEC_FETCH_MODE)
+        || headers.contains_key(&super::names::SEC_FETCH_SITE);
     if !from_browser {
         return Ok(());
     }

@@ -242,16 +242,16 @@ fn ticket_for(out: &Outbound, router: Arc<crate::route::Router>) -> Ticket {
 fn labelled(mut resp: Response, node: &str, attempt: u32) -> Response {
     let h = resp.headers_mut();
     if let Ok(v) = HeaderValue::from_str(node) {
-        h.insert("x-corral-node", v);
+        h.insert(&super::names::X_CORRAL_NODE, v);
     }
-    h.insert("x-corral-attempts", HeaderValue::from(attempt));
+    h.insert(&super::names::X_CORRAL_ATTEMPTS, HeaderValue::from(attempt));
     resp
 }
 
 /// `resp` with `fastest-finish`'s estimate of the request's time (from arrival), when it made one.
 fn estimated(mut resp: Response, estimate: Option<Duration>) -> Response {
     if let Some(e) = estimate {
-        resp.headers_mut().insert("x-corral-estimate-ms", HeaderValue::from(e.as_millis() as u64));
+        resp.headers_mut().insert(&super::names::X_CORRAL_ESTIMATE_MS, HeaderValue::from(e.as_millis() as u64));
     }
     resp
 }
@@ -409,7 +409,7 @@ fn prepare(
     let headers = request.headers_mut();
     *headers = copy_headers(&out.headers);
     if let Ok(v) = HeaderValue::from_str(&out.request_id) {
-        headers.insert("x-request-id", v);
+        headers.insert(&super::names::X_REQUEST_ID, v);
     }
     if plan.is_some_and(|p| p.native.is_some()) {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));

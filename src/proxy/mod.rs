@@ -45,6 +45,25 @@ pub use forward::Outbound;
 pub use peek::{Named, Peek};
 use routes::{classify, Endpoint};
 
+/// Header names the request path reads or sets on every request, made once. A `&str` name is
+/// parsed, lower-cased and searched for among the standard names on each use: a few thousand
+/// instructions a request over a dozen uses (callgrind, issue 16).
+pub(crate) mod names {
+    use http::HeaderName;
+
+    pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+    pub static X_CORRAL_REQUEST_ID: HeaderName = HeaderName::from_static("x-corral-request-id");
+    pub static X_CORRAL_ATTEMPTS: HeaderName = HeaderName::from_static("x-corral-attempts");
+    pub static X_CORRAL_NODE: HeaderName = HeaderName::from_static("x-corral-node");
+    pub static X_CORRAL_CATEGORY: HeaderName = HeaderName::from_static("x-corral-category");
+    pub static X_CORRAL_QUEUE_TIMEOUT: HeaderName = HeaderName::from_static("x-corral-queue-timeout");
+    pub static X_CORRAL_SESSION: HeaderName = HeaderName::from_static("x-corral-session");
+    pub static X_CORRAL_ESTIMATE_MS: HeaderName = HeaderName::from_static("x-corral-estimate-ms");
+    pub static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+    pub static SEC_FETCH_MODE: HeaderName = HeaderName::from_static("sec-fetch-mode");
+    pub static SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
+}
+
 /// Per-listener state: the shared broker plus what this socket says about its clients.
 #[derive(Clone, Debug)]
 pub struct ProxyState {
@@ -177,7 +196,7 @@ fn authenticate(state: &ProxyState, headers: &mut HeaderMap) -> Result<Option<St
 /// is echoed and recorded beside Corral's id, never used as one.
 fn client_request_id(headers: &HeaderMap) -> Option<String> {
     headers
-        .get("x-request-id")
+        .get(&names::X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
         .map(str::to_string)
@@ -195,13 +214,13 @@ async fn handle(state: ProxyState, req: Request) -> Response {
     };
     let h = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(client_id.as_deref().unwrap_or(&id)) {
-        h.insert("x-request-id", v);
+        h.insert(&names::X_REQUEST_ID, v);
     }
     if let Ok(v) = HeaderValue::from_str(&id) {
-        h.insert("x-corral-request-id", v);
+        h.insert(&names::X_CORRAL_REQUEST_ID, v);
     }
     if let Some(n) = attempts.filter(|&n| n > 0) {
-        h.insert("x-corral-attempts", HeaderValue::from(n));
+        h.insert(&names::X_CORRAL_ATTEMPTS, HeaderValue::from(n));
     }
     response
 }
@@ -347,7 +366,7 @@ async fn serve(
                     Err((e, attempts)) => {
                         let mut r = failed(&state.shared, &mut trace, e, attempts);
                         if attempts > 0 {
-                            r.headers_mut().insert("x-corral-attempts", HeaderValue::from(attempts));
+                            r.headers_mut().insert(&names::X_CORRAL_ATTEMPTS, HeaderValue::from(attempts));
                         }
                         r
                     }
@@ -421,7 +440,7 @@ fn idempotency_ask(
     let window = cat.idempotency_window().filter(|_| parts.method == Method::POST && deduplicated(path))?;
     let explicit = parts
         .headers
-        .get("idempotency-key")
+        .get(&names::IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty() && v.len() <= 256 && v.bytes().all(|b| b.is_ascii_graphic()));
     let key = match explicit {
@@ -571,7 +590,7 @@ fn outbound(
         http1: matches!(parts.version, http::Version::HTTP_09 | http::Version::HTTP_10 | http::Version::HTTP_11),
         method: parts.method.clone(),
         path_and_query: parts.uri.path_and_query().map_or(path, |p| p.as_str().to_string()),
-        session: parts.headers.get("x-corral-session").and_then(|v| v.to_str().ok()).map(str::to_string),
+        session: parts.headers.get(&names::X_CORRAL_SESSION).and_then(|v| v.to_str().ok()).map(str::to_string),
         headers: parts.headers,
         body,
         model: asked.model.clone(),
@@ -632,7 +651,7 @@ async fn show_on_openai(shared: &Shared, model: &str) -> Option<Response> {
     }
     let mut response = axum::Json(show).into_response();
     if let Ok(v) = HeaderValue::from_str(node.name()) {
-        response.headers_mut().insert("x-corral-node", v);
+        response.headers_mut().insert(&names::X_CORRAL_NODE, v);
     }
     Some(response)
 }
@@ -799,7 +818,7 @@ pub async fn model_operation(
     let mut headers = HeaderMap::new();
     if !nodes.is_empty() {
         if let Ok(v) = HeaderValue::from_str(&nodes.join(",")) {
-            headers.insert("x-corral-node", v);
+            headers.insert(&names::X_CORRAL_NODE, v);
         }
     }
     let streamed = body.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
@@ -880,7 +899,7 @@ fn chosen_category(
     model: Option<&str>,
 ) -> Result<String, BrokerError> {
     let known = || config.categories.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
-    if let Some(v) = headers.get("x-corral-category") {
+    if let Some(v) = headers.get(&names::X_CORRAL_CATEGORY) {
         let name = v
             .to_str()
             .map_err(|_| BrokerError::BadHeader { name: "X-Corral-Category", reason: "not visible ASCII".into() })?;
@@ -912,7 +931,7 @@ fn queue_timeout(
     category: &str,
     headers: &HeaderMap,
 ) -> Result<Duration, BrokerError> {
-    let asked = match headers.get("x-corral-queue-timeout") {
+    let asked = match headers.get(&names::X_CORRAL_QUEUE_TIMEOUT) {
         Some(v) => {
             v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()).ok_or_else(|| BrokerError::BadHeader {
                 name: "X-Corral-Queue-Timeout",
