@@ -177,7 +177,8 @@ pub struct Query {
     pub limit: Option<i64>,
 }
 
-type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+/// A background task of the store's, for the caller to run.
+pub type Task = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// The store's background tasks, for the caller to spawn and own.
 pub struct StoreTasks {
