@@ -267,3 +267,30 @@ async fn native_inference_is_translated_for_an_openai_node() {
     assert_eq!(r.status(), 200, "/v1 goes as it came");
     assert_eq!((node.count("/v1/chat/completions"), node.count("/v1/embeddings")), (1, 2));
 }
+
+/// A non-streamed answer is one document of known length: Ollama (Go's `net/http`, one write)
+/// sends it with `Content-Length`, and so does Corral, on the native API and on `/v1`; a
+/// stream is still sent as it arrives, chunked.
+#[tokio::test]
+async fn a_whole_answer_has_its_length_and_a_stream_is_chunked() {
+    let c = cluster(1).models(0, &["llama3.2"]).start().await;
+    c.learn_models().await;
+    let asks = [
+        ("/api/chat", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": false})),
+        ("/api/generate", json!({"model": "llama3.2", "prompt": "hi", "stream": false})),
+        ("/v1/chat/completions", json!({"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]})),
+        ("/api/chat", json!({"model": "llama3.2", "messages": [{"role": "nobody", "content": "hi"}], "stream": false})),
+    ];
+    for (path, body) in asks {
+        let r = c.post(path, body.clone()).await;
+        let (status, headers) = (r.status(), r.headers().clone());
+        let text = r.bytes().await.expect("body");
+        assert!(headers.get("transfer-encoding").is_none(), "{path} {body}: not chunked ({status})");
+        let length = headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        assert_eq!(length, Some(text.len()), "{path} {body}: Content-Length is the body's length ({status})");
+    }
+    let r = c.chat("llama3.2", true).await;
+    assert_eq!(r.headers().get("transfer-encoding").map(|v| v.as_bytes()), Some(&b"chunked"[..]));
+    assert!(r.headers().get("content-length").is_none(), "a stream's length is not known when it starts");
+    assert!(!ndjson(&r.text().await.expect("body")).is_empty(), "and it streams");
+}

@@ -196,6 +196,7 @@ impl Refusal {
             first: Some(Bytes::from(body.to_string())),
             body: futures_util::stream::empty().boxed(),
             sent_at,
+            whole: true,
         }
     }
 }

@@ -504,7 +504,7 @@ async fn whole_attempt(mut guard: InFlight, mut answer: Answer, idle: Duration) 
     match assemble::collect_json(answer, idle).await {
         Ok(body) => {
             let rest: upstream::BodyStream = Box::pin(futures_util::stream::empty());
-            Ok(Attempt::Relay(Answer { status, headers, first: Some(body), body: rest, sent_at }, guard))
+            Ok(Attempt::Relay(Answer { status, headers, first: Some(body), body: rest, sent_at, whole: true }, guard))
         }
         Err(e) => {
             let outcome = if matches!(e, AssembleError::Stalled(_)) { Outcome::TimedOut } else { Outcome::Failed };
@@ -561,7 +561,7 @@ async fn assemble_answer(answer: Answer, api: assemble::Api, idle: Duration) -> 
     let body = assemble::collect(answer, api, idle).await?;
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(api.content_type()));
     let rest: upstream::BodyStream = Box::pin(futures_util::stream::empty());
-    Ok(Answer { status, headers, first: Some(body), body: rest, sent_at })
+    Ok(Answer { status, headers, first: Some(body), body: rest, sent_at, whole: true })
 }
 
 /// A node's 404 for a request naming a model: "model not found" means its model list was

@@ -45,10 +45,11 @@ pub(crate) fn respond(
     read_ahead: Option<Budget>,
 ) -> Response {
     let framing = Framing::of(&answer.headers);
-    // Only a stream of lines can be continued.
-    let resume = resume.filter(|_| framing == Framing::Ndjson);
+    let whole = answer.whole;
+    // Only a stream of lines can be continued, and only one that is still arriving.
+    let resume = resume.filter(|_| framing == Framing::Ndjson && !whole);
     // Only streams are read ahead: a single document arrives whole, assembled or not.
-    let read_ahead = read_ahead.filter(|_| framing != Framing::Opaque);
+    let read_ahead = read_ahead.filter(|_| framing != Framing::Opaque && !whole);
     let (handoff, record) = match read_ahead.is_some() && trace.is_some() {
         true => {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -75,16 +76,65 @@ pub(crate) fn respond(
         began: Instant::now(),
         handoff,
     };
-    let stream = futures_util::stream::unfold(relay, Relay::next);
-    let body = match (read_ahead, record) {
-        (Some(budget), Some(record)) => super::readahead::body(stream, budget, record),
-        (Some(budget), None) => super::readahead::body(stream, budget, tokio::sync::oneshot::channel().1),
-        _ => Body::from_stream(stream),
+    let body = match (whole, read_ahead, record) {
+        (true, ..) => Body::new(Document::new(relay)),
+        (false, read_ahead, record) => streamed(relay, read_ahead, record),
     };
     let mut response = Response::new(body);
     *response.status_mut() = answer.status;
     *response.headers_mut() = answer.headers;
     response
+}
+
+/// The body of an answer still arriving: relayed chunk by chunk, read ahead of a slow client
+/// when there is a budget for it.
+fn streamed(relay: Relay, read_ahead: Option<Budget>, record: Option<tokio::sync::oneshot::Receiver<Trace>>) -> Body {
+    let stream = futures_util::stream::unfold(relay, Relay::next);
+    match (read_ahead, record) {
+        (Some(budget), Some(record)) => super::readahead::body(stream, budget, record),
+        (Some(budget), None) => super::readahead::body(stream, budget, tokio::sync::oneshot::channel().1),
+        _ => Body::from_stream(stream),
+    }
+}
+
+/// The body of an answer the broker holds whole (assembled from a node's stream, read whole,
+/// or made by the broker): one frame of known length, so it goes out with `Content-Length` as
+/// Ollama sends it, judged as it is handed over. Relayed as a stream it went out chunked,
+/// through an unfold, a stream body and its boxes, and was judged one poll later (issue 16).
+/// Dropped before it is polled, the relay inside judges the exchange as the client's leaving.
+struct Document {
+    relay: Relay,
+}
+
+impl Document {
+    fn new(mut relay: Relay) -> Self {
+        relay.first = Some(relay.first.take().unwrap_or_default());
+        Self { relay }
+    }
+}
+
+impl http_body::Body for Document {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let relay = &mut self.get_mut().relay;
+        let Some(data) = relay.first.take() else { return std::task::Poll::Ready(None) };
+        let data = relay.pass(data);
+        relay.finish(Outcome::Success, "");
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.relay.first.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.relay.first.as_ref().map_or(0, |d| d.len() as u64))
+    }
 }
 
 /// How the answer is framed, which decides how a mid-stream failure is told to the client.

@@ -274,6 +274,9 @@ pub struct Answer {
     pub body: BodyStream,
     /// When the request left, for time-to-first-byte.
     pub sent_at: Instant,
+    /// `first` is the whole body and `body` ends at once: a document the broker made whole
+    /// (assembled from a stream, or read whole), sent with its length in one frame.
+    pub whole: bool,
 }
 
 /// Wait for the first chunk of `body` within what is left of `sent`'s first-byte allowance.
@@ -291,7 +294,7 @@ pub async fn first_chunk(
         Ok(Some(Ok(b))) => Some(b),
         Ok(None) => None,
     };
-    Ok(Answer { status, headers, first, body, sent_at })
+    Ok(Answer { status, headers, first, body, sent_at, whole: false })
 }
 
 /// A response body as a `BodyStream`, untouched.
