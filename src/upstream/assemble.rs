@@ -521,7 +521,7 @@ impl Assembler {
             }
         }
         let mut shape = self.shape.take().unwrap_or_default();
-        let plain = plain_line_shaped(self.api, line, &mut shape)?;
+        let plain = plain_line(self.api, line, &mut shape)?;
         self.shape = Some(shape);
         Some(plain)
     }
@@ -554,8 +554,10 @@ impl Assembler {
         if last.iter().any(|&b| matches!(b, b'<' | b'>' | b'&' | 0xE2)) {
             return None;
         }
-        let plain = plain_line(self.api, last)?;
-        let at = plain.text_at.filter(|_| plain.done && !plain.has_thinking)?;
+        // The shape is the last line's when that line was read plainly (see `Assembler::plain`).
+        let shape = self.shape.as_ref()?;
+        let text = shape.text.and_then(|i| shape.values.get(i));
+        let at = text.map(|r| r.start - 1..r.end + 1).filter(|_| shape.done && shape.thinking.is_none())?;
         let mut out = Vec::with_capacity(last.len() + self.content.len() + 16);
         out.extend_from_slice(&last[..at.start]);
         out.extend_from_slice(go_string(&self.content).as_bytes());
@@ -645,13 +647,9 @@ struct Plain<'a> {
 /// for a 16-token non-streamed chat (callgrind, issue 16). Only a strict subset is taken: no
 /// whitespace, no escapes, no arrays, objects one level deep, a known field at most once, no
 /// `error`. Anything else is `None` and goes to serde, which reads it or says why not, so every
-/// line taken here is one serde reads the same way.
-fn plain_line(api: Api, line: &[u8]) -> Option<Plain<'_>> {
-    plain_line_shaped(api, line, &mut Shape::default())
-}
-
-/// [`plain_line`], noting the line's shape in `shape` (left unspecified when `None`).
-fn plain_line_shaped<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'a>> {
+/// line taken here is one serde reads the same way. The line's shape goes to `shape` (left
+/// unspecified when `None`).
+fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'a>> {
     let line = std::str::from_utf8(line).ok()?;
     shape.values.clear();
     (shape.text, shape.thinking) = (None, None);
@@ -980,7 +978,12 @@ pub fn go_string(s: &str) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
-    for c in s.chars() {
+    let mut rest = s;
+    // Runs of bytes Go writes as they are go in whole; a token's text is mostly such a run.
+    while let Some(at) = rest.bytes().position(|b| b < 0x20 || matches!(b, b'"' | b'\\' | b'<' | b'>' | b'&' | 0xe2)) {
+        out.push_str(&rest[..at]);
+        let mut chars = rest[at..].chars();
+        let Some(c) = chars.next() else { break };
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
@@ -997,9 +1000,12 @@ pub fn go_string(s: &str) -> String {
                 out.push(HEX[(b >> 4) as usize] as char);
                 out.push(HEX[(b & 0xf) as usize] as char);
             }
+            // Another character led by 0xE2 (an arrow, a quote mark): as it is.
             c => out.push(c),
         }
+        rest = chars.as_str();
     }
+    out.push_str(rest);
     out.push('"');
     out
 }
@@ -1007,6 +1013,11 @@ pub fn go_string(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `line` read by [`plain_line`] with no shape before it.
+    fn read_alone(api: Api, line: &[u8]) -> Option<Plain<'_>> {
+        plain_line(api, line, &mut Shape::default())
+    }
 
     #[test]
     fn a_plain_run_stops_where_a_byte_loop_stops() {
@@ -1052,7 +1063,7 @@ mod tests {
     #[test]
     fn plain_lines_of_ollama_are_read_without_serde() {
         let chat = br#"{"model":"llama3.2:latest","created_at":"2026-12-01T00:00:00.1Z","message":{"role":"assistant","content":" w0"},"done":false}"#;
-        let read = |api, line| plain_line(api, line).map(|p| (p.text, p.thinking, p.done));
+        let read = |api, line| read_alone(api, line).map(|p| (p.text, p.thinking, p.done));
         assert_eq!(read(Api::Chat, chat), Some((" w0", "", false)));
         let last = br#"{"model":"m","created_at":"t","message":{"role":"assistant","content":"","thinking":"hm"},"done":true,"done_reason":"stop","total_duration":1000000,"load_duration":-1.5e3,"eval_count":16}"#;
         assert_eq!(read(Api::Chat, last), Some(("", "hm", true)));
@@ -1072,7 +1083,7 @@ mod tests {
             (Api::Generate, b"{\"response\":\"a\x01\"}"),
             (Api::Generate, b"{\"response\":\"\xff\"}"),
         ] {
-            assert_eq!(plain_line(api, line), None, "{}", String::from_utf8_lossy(line));
+            assert_eq!(read_alone(api, line), None, "{}", String::from_utf8_lossy(line));
         }
     }
 
@@ -1107,7 +1118,7 @@ mod tests {
         ) {
             let api = if chat { Api::Chat } else { Api::Generate };
             let line = format!("{{{}}}", fields.join(","));
-            if let Some(p) = plain_line(api, line.as_bytes()) {
+            if let Some(p) = read_alone(api, line.as_bytes()) {
                 let serde = by_serde(api, line.as_bytes());
                 proptest::prop_assert_eq!(serde, Some((p.text.to_string(), p.thinking.to_string())), "{}", line);
             }
@@ -1117,7 +1128,7 @@ mod tests {
     /// `line` read by the shape of `prev`, when `prev` has one.
     fn followed<'a>(api: Api, prev: &[u8], line: &'a [u8]) -> Option<Plain<'a>> {
         let mut shape = Shape::default();
-        plain_line_shaped(api, prev, &mut shape)?;
+        plain_line(api, prev, &mut shape)?;
         shape.follow(prev, line, &mut Vec::new())
     }
 
@@ -1131,7 +1142,7 @@ mod tests {
         let first = line("2026-12-01T00:00:00.123456789Z", " The");
         let next = line("2026-12-01T00:00:00.2Z", " quick é");
         let p = followed(Api::Chat, first.as_bytes(), next.as_bytes()).expect("the same shape");
-        assert_eq!(p, plain_line(Api::Chat, next.as_bytes()).expect("plain"));
+        assert_eq!(p, read_alone(Api::Chat, next.as_bytes()).expect("plain"));
         assert_eq!((p.text, p.done), (" quick é", false));
         // Anything but a plain value differs: the line goes to the full read.
         for other in [
@@ -1190,7 +1201,7 @@ mod tests {
             let at = at % (line.len() + 1);
             line.splice(at..(at + cut).min(line.len()), put);
             if let Some(p) = followed(api, prev.as_bytes(), &line) {
-                proptest::prop_assert_eq!(Some(p), plain_line(api, &line), "{}", String::from_utf8_lossy(&line));
+                proptest::prop_assert_eq!(Some(p), read_alone(api, &line), "{}", String::from_utf8_lossy(&line));
             }
         }
     }
@@ -1430,5 +1441,47 @@ mod tests {
     #[test]
     fn strings_are_encoded_as_go_encodes_them() {
         assert_eq!(go_string("a<b>&c\"\\\n\u{1}\u{2028}é"), "\"a\\u003cb\\u003e\\u0026c\\\"\\\\\\n\\u0001\\u2028é\"");
+    }
+
+    /// `go_string` a character at a time: what the run-by-run writer must agree with.
+    fn go_string_by_chars(s: &str) -> String {
+        let mut out = String::from("\"");
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                '\u{2028}' => out.push_str("\\u2028"),
+                '\u{2029}' => out.push_str("\\u2029"),
+                c if (c as u32) < 0x20 || matches!(c, '<' | '>' | '&') => out.push_str(&format!("\\u{:04x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        out + "\""
+    }
+
+    proptest::proptest! {
+        /// Runs, escapes, HTML characters, U+2028/2029 and their neighbours led by 0xE2
+        /// (U+2027, U+202A, arrows), in any order.
+        #[test]
+        fn go_string_writes_runs_as_a_char_loop_does(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("plain text".to_string()),
+                    proptest::strategy::Just("\u{2028}\u{2029}\u{2027}\u{202a}→".to_string()),
+                    proptest::strategy::Just("<>&\"\\".to_string()),
+                    "[\\x00-\\x1f]",
+                    "\\PC{0,3}",
+                ],
+                0..8,
+            )
+        ) {
+            let s = parts.concat();
+            proptest::prop_assert_eq!(go_string(&s), go_string_by_chars(&s));
+        }
     }
 }
