@@ -96,6 +96,45 @@ fn string_end(body: &[u8], mut at: usize) -> usize {
     body.len()
 }
 
+/// An object's key, borrowed from the body unless it has escapes. serde's own `Cow<str>`
+/// always copies: an allocation per key of every body (callgrind, issue 16).
+enum Key<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl std::ops::Deref for Key<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Key::Borrowed(s) => s,
+            Key::Owned(s) => s,
+        }
+    }
+}
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key::Borrowed(s))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(s.to_owned()))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Key<'de>, E> {
+                Ok(Key::Owned(s))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
 /// Scalars a visitor does not want: `$v` for each.
 macro_rules! scalars {
     ($v:expr) => {
@@ -156,13 +195,13 @@ impl<'de> Visitor<'de> for Top {
             ["model", "name", "source", "stream", "options", "messages", "prompt", "system", "truncate"];
         let mut peek = Peek::default();
         let mut seen = [false; READ.len()];
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            let Some(i) = READ.iter().position(|k| *k == key) else {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            let Some(i) = READ.iter().position(|k| *k == &*key) else {
                 map.next_value::<IgnoredAny>()?;
                 continue;
             };
             if std::mem::replace(&mut seen[i], true) {
-                return Err(de::Error::custom(format!("the field \"{key}\" is given twice")));
+                return Err(de::Error::custom(format!("the field \"{}\" is given twice", &*key)));
             }
             match i {
                 0..=2 => peek.names[i] = map.next_value_seed(Name)?,
@@ -258,8 +297,8 @@ impl<'de> Visitor<'de> for Options {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<u64>, A::Error> {
         let mut num_ctx = None;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == "num_ctx" {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if &*key == "num_ctx" {
                 num_ctx = map.next_value_seed(Whole)?;
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -398,8 +437,8 @@ impl<'de, V: DeserializeSeed<'de, Value = usize> + Copy> Visitor<'de> for Field<
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<usize, A::Error> {
         let mut n = 0;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == self.name {
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            if &*key == self.name {
                 n = map.next_value_seed(self.value)?;
             } else {
                 map.next_value::<IgnoredAny>()?;
@@ -459,6 +498,14 @@ mod tests {
         ) {
             proptest::prop_assert_eq!(depth(&body), depth_by_bytes(&body));
         }
+    }
+
+    #[test]
+    fn a_key_spelled_with_escapes_is_the_same_key() {
+        let p = Peek::read(br#"{"mo\u0064el":"m","options":{"num_\u0063tx":8}}"#).expect("valid");
+        assert_eq!((p.names[0].clone(), p.num_ctx), (Named::Text("m".into()), Some(8)));
+        let twice = Peek::read(br#"{"model":"a","mo\u0064el":"b"}"#).expect_err("given twice");
+        assert!(twice.contains("the field \"model\" is given twice"), "{twice}");
     }
 
     #[test]
