@@ -727,7 +727,9 @@ pub fn model_key(name: &str) -> std::borrow::Cow<'_, str> {
         return std::borrow::Cow::Borrowed(name);
     }
     let mut key = String::with_capacity(short.len() + ":latest".len());
-    key.extend(short.chars().map(|c| c.to_ascii_lowercase()));
+    // The bytes at once, then lower-cased in place (ASCII only, as char by char it was).
+    key.push_str(short);
+    key.make_ascii_lowercase();
     if !tagged {
         key.push_str(":latest");
     }
