@@ -500,7 +500,7 @@ fn writer_thread() -> std::io::Result<(std::sync::mpsc::Sender<crate::store::Tas
             // quiet watch returns what a burst of batches left here.
             runtime.block_on(async move {
                 let stop = CancellationToken::new();
-                let quiet = tokio::spawn(crate::memory::give_back_when_quiet(stop.clone()));
+                let quiet = tokio::spawn(crate::memory::collect_this_thread_when_quiet(stop.clone()));
                 writer.await;
                 stop.cancel();
                 let _ = quiet.await;

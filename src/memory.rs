@@ -66,6 +66,22 @@ impl Quiet {
 
 /// Look every [`QUIET`] and give memory back once per quiet spell, until cancelled.
 pub async fn give_back_when_quiet(cancel: CancellationToken) {
+    when_quiet(cancel, give_back).await
+}
+
+/// [`give_back_when_quiet`] for another thread that allocates (the store writer's): only that
+/// thread's own free pages, as mimalloc keeps them per thread; the process-wide part (glibc's
+/// trim) and the line saying so are the broker's own watch's.
+pub async fn collect_this_thread_when_quiet(cancel: CancellationToken) {
+    when_quiet(cancel, || {
+        if let Some(collect) = COLLECT.get() {
+            collect();
+        }
+    })
+    .await
+}
+
+async fn when_quiet(cancel: CancellationToken, act: fn()) {
     let mut tick = tokio::time::interval(QUIET);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet = Quiet::default();
@@ -75,7 +91,7 @@ pub async fn give_back_when_quiet(cancel: CancellationToken) {
             _ = tick.tick() => {}
         }
         if quiet.observe(requests_begun()) {
-            give_back();
+            act();
         }
     }
 }
