@@ -108,7 +108,7 @@ pub fn believable_eval(reported: Option<Duration>, streamed: Option<Duration>) -
 }
 
 /// For each quoted key, the unsigned integer after its last `"key":` in `hay` (as
-/// [`last_number`] finds it), in one backward walk over the colons that stops once every key
+/// [`number_after`] finds it), in one backward walk over the colons that stops once every key
 /// is seen or `enough` says the rest cannot matter: five separate searches each built a
 /// substring finder, a tenth of the broker's own instructions per request (callgrind, issue 16).
 pub fn last_numbers<const N: usize>(
@@ -141,14 +141,10 @@ fn number_at(rest: &[u8]) -> Option<u64> {
     std::str::from_utf8(&rest[start..start + digits]).ok()?.parse().ok()
 }
 
-/// The unsigned integer after the last `key` in `hay`, without copying `hay`.
-pub fn last_number(hay: &[u8], key: &[u8]) -> Option<u64> {
-    number_after(hay, &memchr::memmem::FinderRev::new(key))
-}
-
-/// [`last_number`] with a searcher made beforehand (and kept, where the key is fixed): memchr's
-/// SIMD search, as a window-by-window compare was one `memcmp` call per byte of the tail, per
-/// key, a measurable share of each request (issue 16).
+/// The unsigned integer after the last `key` in `hay`, without copying `hay`. `key` is a
+/// searcher made once and kept (the keys are fixed): memchr's SIMD search, as a window-by-window
+/// compare was one `memcmp` call per byte of the tail, per key, a measurable share of each
+/// request (issue 16).
 pub fn number_after(hay: &[u8], key: &memchr::memmem::FinderRev<'_>) -> Option<u64> {
     let at = key.rfind(hay)? + key.needle().len();
     number_at(&hay[at..])
@@ -535,6 +531,11 @@ impl Cards {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// [`number_after`] with a searcher made for the one call.
+    fn last_number(hay: &[u8], key: &[u8]) -> Option<u64> {
+        number_after(hay, &memchr::memmem::FinderRev::new(key))
+    }
 
     #[test]
     fn the_last_occurrence_of_a_key_wins_and_a_key_without_digits_is_none() {
