@@ -556,8 +556,7 @@ impl Assembler {
         }
         // The shape is the last line's when that line was read plainly (see `Assembler::plain`).
         let shape = self.shape.as_ref()?;
-        let text = shape.text.and_then(|i| shape.values.get(i));
-        let at = text.map(|r| r.start - 1..r.end + 1).filter(|_| shape.done && shape.thinking.is_none())?;
+        let at = shape.text_at().filter(|_| shape.done && shape.thinking.is_none())?;
         let mut out = Vec::with_capacity(last.len() + self.content.len() + 16);
         out.extend_from_slice(&last[..at.start]);
         out.extend_from_slice(go_string(&self.content).as_bytes());
@@ -627,18 +626,12 @@ pub fn add_to_field(line: &[u8], key: &str, n: i64) -> Option<Vec<u8>> {
     Some(fields.to_json().into_bytes())
 }
 
-/// What a plain stream line adds to the answer, and where its text sits (for the last line,
-/// which the answer is made from).
+/// What a plain stream line adds to the answer (where it sits, and the rest the last line's
+/// splice needs, is the line's [`Shape`]).
 #[derive(Debug, PartialEq)]
 struct Plain<'a> {
     text: &'a str,
     thinking: &'a str,
-    /// The text's string (quotes included) in the line, when the line has one.
-    text_at: Option<Range<usize>>,
-    /// The line names a `thinking` (even an empty one).
-    has_thinking: bool,
-    /// `"done":true`.
-    done: bool,
 }
 
 /// The common line of an Ollama stream (`{"model":"…","created_at":"…","message":{"role":
@@ -655,7 +648,7 @@ fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'
     (shape.text, shape.thinking) = (None, None);
     let mut scan = Scan { b: line.as_bytes(), at: 0, s: line, values: &mut shape.values };
     let (mut text, mut thinking, mut message, mut done) = (None, None, false, false);
-    let (mut text_at, mut done_true) = (None, false);
+    let mut done_true = false;
     scan.eat(b'{')?;
     if scan.eat(b'}').is_none() {
         loop {
@@ -671,10 +664,8 @@ fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'
                             scan.eat(b':')?;
                             match key {
                                 "content" if text.is_none() => {
-                                    let from = scan.at;
                                     shape.text = Some(scan.values.len());
                                     text = Some(scan.value_string()?);
-                                    text_at = Some(from..scan.at);
                                 }
                                 "thinking" if thinking.is_none() => {
                                     shape.thinking = Some(scan.values.len());
@@ -691,10 +682,8 @@ fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'
                     }
                 }
                 (Api::Generate | Api::V1Chat, "response") if text.is_none() => {
-                    let from = scan.at;
                     shape.text = Some(scan.values.len());
                     text = Some(scan.value_string()?);
-                    text_at = Some(from..scan.at);
                 }
                 (Api::Generate | Api::V1Chat, "thinking") if thinking.is_none() => {
                     shape.thinking = Some(scan.values.len());
@@ -717,13 +706,7 @@ fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'
         }
     }
     shape.done = done_true;
-    (scan.at == scan.b.len()).then(|| Plain {
-        text: text.unwrap_or_default(),
-        has_thinking: thinking.is_some(),
-        thinking: thinking.unwrap_or_default(),
-        text_at,
-        done: done_true,
-    })
+    (scan.at == scan.b.len()).then(|| Plain { text: text.unwrap_or_default(), thinking: thinking.unwrap_or_default() })
 }
 
 /// Where a line's string values sit, so the lines after it are read by comparing bytes: an
@@ -735,13 +718,19 @@ fn plain_line<'a>(api: Api, line: &'a [u8], shape: &mut Shape) -> Option<Plain<'
 struct Shape {
     /// Each string value's text (quotes excluded), in line order.
     values: Vec<Range<usize>>,
-    /// Which value is the text, and which the thinking.
+    /// Which value is the text, and which the thinking (named even when empty).
     text: Option<usize>,
     thinking: Option<usize>,
+    /// `"done":true`.
     done: bool,
 }
 
 impl Shape {
+    /// The text's string in the line, quotes included, when the line has one.
+    fn text_at(&self) -> Option<Range<usize>> {
+        self.text.and_then(|i| self.values.get(i)).map(|r| r.start - 1..r.end + 1)
+    }
+
     /// `line` read as [`plain_line`] reads it, when it is `prev` (the line this shape was taken
     /// from) but for its string values, each a plain string (no escape or control character:
     /// what [`Scan::string`] takes) of valid UTF-8. The values' places go to `next`. `None`
@@ -776,13 +765,7 @@ impl Shape {
             return None;
         }
         // Each value is valid UTF-8 and every other byte is `prev`'s, cut at ASCII quotes.
-        Some(Plain {
-            text,
-            thinking,
-            text_at: self.text.and_then(|i| next.get(i)).map(|r| r.start - 1..r.end + 1),
-            has_thinking: self.thinking.is_some(),
-            done: self.done,
-        })
+        Some(Plain { text, thinking })
     }
 }
 
@@ -1014,9 +997,29 @@ pub fn go_string(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// What a plain read found: the line's text and thinking, and from its shape what the
+    /// splice uses.
+    #[derive(Debug, PartialEq)]
+    struct Read<'a> {
+        text: &'a str,
+        thinking: &'a str,
+        text_at: Option<std::ops::Range<usize>>,
+        has_thinking: bool,
+        done: bool,
+    }
+
+    impl<'a> Read<'a> {
+        fn of(plain: Plain<'a>, shape: &Shape) -> Self {
+            let (text_at, has_thinking, done) = (shape.text_at(), shape.thinking.is_some(), shape.done);
+            Read { text: plain.text, thinking: plain.thinking, text_at, has_thinking, done }
+        }
+    }
+
     /// `line` read by [`plain_line`] with no shape before it.
-    fn read_alone(api: Api, line: &[u8]) -> Option<Plain<'_>> {
-        plain_line(api, line, &mut Shape::default())
+    fn read_alone(api: Api, line: &[u8]) -> Option<Read<'_>> {
+        let mut shape = Shape::default();
+        let plain = plain_line(api, line, &mut shape)?;
+        Some(Read::of(plain, &shape))
     }
 
     #[test]
@@ -1125,11 +1128,15 @@ mod tests {
         }
     }
 
-    /// `line` read by the shape of `prev`, when `prev` has one.
-    fn followed<'a>(api: Api, prev: &[u8], line: &'a [u8]) -> Option<Plain<'a>> {
+    /// `line` read by the shape of `prev`, when `prev` has one; the shape it leaves is
+    /// `line`'s, as `Assembler::plain` keeps it.
+    fn followed<'a>(api: Api, prev: &[u8], line: &'a [u8]) -> Option<Read<'a>> {
         let mut shape = Shape::default();
         plain_line(api, prev, &mut shape)?;
-        shape.follow(prev, line, &mut Vec::new())
+        let mut next = Vec::new();
+        let plain = shape.follow(prev, line, &mut next)?;
+        shape.values = next;
+        Some(Read::of(plain, &shape))
     }
 
     #[test]
