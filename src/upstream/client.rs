@@ -86,13 +86,22 @@ impl NodeClient {
     }
 
     /// Send `request` and wait for its answer's head.
-    pub async fn send(&self, request: NodeRequest) -> Result<reqwest::Response, ExchangeError> {
-        let mut resp = match request.uri().scheme() == Some(&http::uri::Scheme::HTTP) {
-            true => self.plain.send(&request).await?.map(reqwest::Body::wrap),
-            false => self.send_tls(request).await?,
-        };
-        resp.extensions_mut().extend(self.answered.clone());
-        Ok(reqwest::Response::from(resp))
+    ///
+    /// An `async move` block rather than an `async fn`: the block uses the request where it
+    /// was captured, where an `async fn` would keep a second copy of it in its future.
+    #[allow(clippy::manual_async_fn, reason = "an async fn would hold the request twice")]
+    pub fn send(
+        &self,
+        request: NodeRequest,
+    ) -> impl std::future::Future<Output = Result<reqwest::Response, ExchangeError>> + '_ {
+        async move {
+            let mut resp = match request.uri().scheme() == Some(&http::uri::Scheme::HTTP) {
+                true => self.plain.send(&request).await?.map(reqwest::Body::wrap),
+                false => self.send_tls(request).await?,
+            };
+            resp.extensions_mut().extend(self.answered.clone());
+            Ok(reqwest::Response::from(resp))
+        }
     }
 
     async fn send_tls(&self, request: NodeRequest) -> Result<http::Response<reqwest::Body>, ExchangeError> {

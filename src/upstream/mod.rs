@@ -24,7 +24,7 @@ pub mod translate;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt, TryFutureExt};
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
@@ -224,45 +224,47 @@ impl Sent {
 
 /// Send `request` (to a cloud provider); its head must arrive within `first_byte`.
 pub async fn send(request: reqwest::RequestBuilder, first_byte: Duration) -> Result<Sent, SendError> {
-    within_first_byte(first_byte, async {
-        request.send().await.map_err(|e| {
-            if e.is_connect() {
-                SendError::Connect(root_cause(&e))
-            } else {
-                SendError::Failed(root_cause(&e))
-            }
-        })
-    })
-    .await
+    let exchange = request.send().map_err(|e| {
+        if e.is_connect() {
+            SendError::Connect(root_cause(&e))
+        } else {
+            SendError::Failed(root_cause(&e))
+        }
+    });
+    within_first_byte(first_byte, exchange).await
 }
 
 /// Send `request` to a node through the request path's client; its head must arrive within
 /// `first_byte`.
-pub async fn send_to_node(
-    client: &client::NodeClient,
+///
+/// Plain functions over combinators, not `async fn`s: an `async fn` keeps each argument twice
+/// in its future (as passed and as bound), so the request and the exchange around it were held
+/// two and three times over; this future sits inside every proxied request's, which is made
+/// and copied whole once per request (issue 16).
+pub fn send_to_node<'a>(
+    client: &'a client::NodeClient,
     request: client::NodeRequest,
     first_byte: Duration,
-) -> Result<Sent, SendError> {
-    within_first_byte(first_byte, async {
-        client.send(request).await.map_err(|e| match e {
-            client::ExchangeError::Connect(why) => SendError::Connect(why),
-            client::ExchangeError::Failed(why) => SendError::Failed(why),
-        })
-    })
-    .await
+) -> impl std::future::Future<Output = Result<Sent, SendError>> + 'a {
+    let exchange = client.send(request).map_err(|e| match e {
+        client::ExchangeError::Connect(why) => SendError::Connect(why),
+        client::ExchangeError::Failed(why) => SendError::Failed(why),
+    });
+    within_first_byte(first_byte, exchange)
 }
 
-/// The one first-byte timeout around an exchange, whichever client makes it.
-async fn within_first_byte(
-    first_byte: Duration,
-    exchange: impl std::future::Future<Output = Result<reqwest::Response, SendError>>,
-) -> Result<Sent, SendError> {
+/// The one first-byte timeout around an exchange, whichever client makes it; the clock starts
+/// when the exchange is made (it is awaited at once).
+fn within_first_byte<F>(first_byte: Duration, exchange: F) -> impl std::future::Future<Output = Result<Sent, SendError>>
+where
+    F: std::future::Future<Output = Result<reqwest::Response, SendError>>,
+{
     let sent_at = Instant::now();
-    match tokio::time::timeout(first_byte, exchange).await {
+    tokio::time::timeout(first_byte, exchange).map(move |answer| match answer {
         Err(_) => Err(SendError::NoAnswer(first_byte.as_millis())),
         Ok(Err(e)) => Err(e),
         Ok(Ok(response)) => Ok(Sent { response, sent_at, first_byte }),
-    }
+    })
 }
 
 /// An answer ready to relay: head, the first chunk of its body (already here, so a retry is
