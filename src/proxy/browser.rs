@@ -100,6 +100,11 @@ fn is_private(ip: IpAddr) -> bool {
 /// Ollama's `allowedHost` rule for a server bound to loopback: an IP that is loopback, private
 /// or unspecified, or a name that only this machine or its LAN can mean.
 pub fn loopback_host_allowed(host: &str) -> bool {
+    // `127.0.0.1:11434` (nearly every local client's `Host`) in one parse, without the copy.
+    if let Ok(addr) = host.trim().parse::<std::net::SocketAddr>() {
+        let ip = addr.ip();
+        return ip.is_loopback() || ip.is_unspecified() || is_private(ip);
+    }
     let name = hostname(host);
     if let Ok(ip) = name.parse::<IpAddr>() {
         return ip.is_loopback() || ip.is_unspecified() || is_private(ip);
@@ -246,12 +251,22 @@ mod tests {
             "0.0.0.0:1",
             "gpu.local",
             "a.localhost:3",
+            "192.168.1.2:80",
+            "[fd00::1]:1",
+            " 127.0.0.1:8080 ",
             "",
         ] {
             assert!(loopback_host_allowed(ok), "{ok} names this machine");
         }
-        for bad in ["evil.example:11400", "127.0.0.1.evil.example", "8.8.8.8:80", "localhost.evil.example", "\u{fffd}"]
-        {
+        for bad in [
+            "evil.example:11400",
+            "127.0.0.1.evil.example",
+            "8.8.8.8:80",
+            "[2001:db8::1]:80",
+            "[fe80::1%1]:80",
+            "localhost.evil.example",
+            "\u{fffd}",
+        ] {
             assert!(!loopback_host_allowed(bad), "{bad} is someone else's name");
         }
     }
