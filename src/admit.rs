@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Origin, Policy, QueueConfig};
 use crate::error::BrokerError;
-use crate::node::{InFlight, Node, Registry};
+use crate::node::{Glance, InFlight, Node, Registry};
 use crate::plan::{Board, Plan, Work};
 use crate::route::{self, NoCandidate, PickCtx, Router};
 
@@ -64,8 +64,19 @@ impl Ticket {
     /// excluded for it, not held off, its breaker letting requests through.
     #[inline]
     fn plainly_routable(&self, n: &Node, now: Instant) -> bool {
+        self.plainly_routable_at(n, n.glance(), now)
+    }
+
+    /// `plainly_routable` with the node's state already read: a usual one (`Glance::is_usual`)
+    /// needs no second look at its marks.
+    #[inline(always)]
+    fn plainly_routable_at(&self, n: &Node, glance: Glance, now: Instant) -> bool {
         let listed = |list: &[Arc<Node>]| list.iter().any(|t| std::ptr::eq(&**t, n));
-        n.is_available() && !listed(&self.tried) && !listed(&self.excluded) && !n.held_off(now) && n.breaker_allows(now)
+        let clear = glance.is_usual()
+            || (glance.is_available()
+                && !(glance.held() && n.held_now(now))
+                && (glance.breaker_closed() || n.breaker_would_allow(now)));
+        clear && !listed(&self.tried) && !listed(&self.excluded)
     }
 }
 
@@ -357,19 +368,26 @@ impl Admission {
         let index = self.registry.by_model();
         let nodes = index.serving(key);
         let now = Instant::now();
-        let mut routable = false;
-        let keep = |n: &Node| {
-            let ok = ticket.plainly_routable(n, now);
-            routable |= ok;
-            ok && n.has_capacity()
-        };
+        // No node tried or excluded yet (the common case): a usual node needs no other look.
+        let first = ticket.tried.is_empty() && ticket.excluded.is_empty();
         let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
-        let picked = ticket.router.pick_among(nodes, &ctx, key, keep);
-        if !routable {
-            return None;
+        if first && !nodes.is_empty() {
+            // Every node usual: each one is plainly routable, so none free is a wait.
+            match ticket.router.pick_usual(nodes, &ctx, key) {
+                Some(Some(i)) => return Some(take_slot(nodes, i, false, ticket, key, board, now)),
+                Some(None) => return Some(Placement::Full),
+                None => {}
+            }
         }
-        let Some(i) = picked else { return Some(Placement::Full) };
-        Some(take_slot(nodes, i, false, ticket, key, board, now))
+        let keep = |n: &Node, glance: Glance| {
+            glance.has_room() && ((first && glance.is_usual()) || ticket.plainly_routable_at(n, glance, now))
+        };
+        match ticket.router.pick_among(nodes, &ctx, key, keep) {
+            Some(i) => Some(take_slot(nodes, i, false, ticket, key, board, now)),
+            // Every node full is a wait; none plainly routable is the careful path's to judge.
+            None if nodes.iter().any(|n| ticket.plainly_routable(n, now)) => Some(Placement::Full),
+            None => None,
+        }
     }
 
     /// `fastest-finish`: the node where `ticket` is estimated to end first, busy or not. Free
@@ -403,7 +421,12 @@ impl Admission {
             return None;
         }
         let now = Instant::now();
-        let plain = |n: &Node| ticket.plainly_routable(n, now);
+        // No node tried or excluded yet (the common case): a usual node needs no other look.
+        let first = ticket.tried.is_empty() && ticket.excluded.is_empty();
+        let plain = |n: &Node| {
+            let glance = n.glance();
+            (first && glance.is_usual()) || ticket.plainly_routable_at(n, glance, now)
+        };
         let model_ref = key.map(crate::node::ModelRef::new);
         let plan = board.plan_plain(nodes, key, &ticket.work, now, |n| route::occupancy(n, model_ref), plain)?;
         Some(self.take_plan(ticket, nodes, plan, false, board, now))

@@ -21,7 +21,7 @@
 //! guard wakes the admission queue.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -284,32 +284,126 @@ struct Hot {
     /// Unique in the process, never reused: where per-node routing state (smooth weighted
     /// round robin's scores, a sticky ring's owners) is kept without hashing names.
     id: usize,
-    in_flight: AtomicUsize,
+    /// What a routing pass checks first, in one word: see `Glance`.
+    glance: AtomicU64,
     /// `least-latency`'s order key, published with every sample: see `latency_key`.
     ttfb_key: AtomicU64,
     /// The estimate's decay in seconds (the order key is comparable between nodes that share it).
     ttfb_decay_s: f64,
     weight: AtomicU32,
+    /// As configured; `Glance::slots` is the smaller of this and `fleet_share`.
     max_concurrency: AtomicU32,
     /// This broker's share of the node's slots in a fleet (`crate::fleet::capacity`);
     /// `u32::MAX` for a broker on its own.
     fleet_share: AtomicU32,
     /// First-token deadlines missed in a row (reset by an answer that made it).
     first_token_misses: AtomicU32,
-    health: AtomicU8,
-    admin: AtomicU8,
-    /// Set while a slow-start ramp is running, so the common case never takes the lock.
-    ramping: AtomicBool,
-    /// Mirrors "the breaker is closed" after every change under its lock, so routing's common
-    /// case reads an atomic: closed never turns into anything else by time alone.
-    breaker_closed: AtomicBool,
-    /// Set (under `held_until`'s lock) while a hold-off may be running: routing's common case
-    /// reads it instead of taking the lock.
-    held: AtomicBool,
     loaded_count: AtomicU8,
     /// `loaded` as routing reads it (`loaded_sig` of the first `LOADED_SIGS`), written before
     /// `loaded_count`, which is `u8::MAX` when the list is longer.
     loaded_sigs: [AtomicU64; LOADED_SIGS],
+}
+
+/// A node's routing state as of one load: requests running (bits 0..32), slots this broker
+/// may fill (32..56), and the marks that take a decision off its fast path (56..64: the
+/// operator's setting, health, a slow-start ramp, a breaker not closed, a 429's hold-off,
+/// first-token deadlines missed).
+/// In one word so a pass over many nodes reads one atomic per node and settles the common
+/// case ("nothing unusual, a free slot") with two comparisons; and so taking a slot checks
+/// the count against the slots atomically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Glance(u64);
+
+impl Glance {
+    const RUNNING: u64 = (1 << 32) - 1;
+    const SLOTS_SHIFT: u32 = 32;
+    const SLOTS_MAX: u64 = (1 << 24) - 1;
+    const ADMIN_SHIFT: u32 = 56;
+    const HEALTH_SHIFT: u32 = 58;
+    const UNHEALTHY: u64 = 2 << Self::HEALTH_SHIFT; // `Health::Unhealthy.as_u8()`
+    const RAMPING: u64 = 1 << 60;
+    const BREAKER_OPEN: u64 = 1 << 61;
+    const HELD: u64 = 1 << 62;
+    const SLOW: u64 = 1 << 63;
+    /// Any of these, and the decision looks closer: not active, down, ramping, a breaker not
+    /// closed, a hold-off that may be running, a slow mark that may hold.
+    const UNUSUAL: u64 =
+        (3 << Self::ADMIN_SHIFT) | Self::UNHEALTHY | Self::RAMPING | Self::BREAKER_OPEN | Self::HELD | Self::SLOW;
+
+    fn new(slots: u64, admin: Admin) -> Self {
+        Self(0).with_slots(slots).with_admin(admin)
+    }
+
+    #[inline(always)]
+    pub fn in_flight(self) -> usize {
+        (self.0 & Self::RUNNING) as usize
+    }
+
+    #[inline(always)]
+    pub fn slots(self) -> usize {
+        ((self.0 >> Self::SLOTS_SHIFT) & Self::SLOTS_MAX) as usize
+    }
+
+    #[inline(always)]
+    pub fn has_room(self) -> bool {
+        self.in_flight() < self.slots()
+    }
+
+    /// Nothing that needs a closer look: active, not down, no ramp, breaker closed, no hold-off.
+    #[inline(always)]
+    pub fn is_usual(self) -> bool {
+        self.0 & Self::UNUSUAL == 0
+    }
+
+    pub fn admin(self) -> Admin {
+        Admin::from_u8(((self.0 >> Self::ADMIN_SHIFT) & 3) as u8)
+    }
+
+    pub fn health(self) -> Health {
+        Health::from_u8(((self.0 >> Self::HEALTH_SHIFT) & 3) as u8)
+    }
+
+    /// Takes new requests at all: active and not known to be down.
+    #[inline(always)]
+    pub fn is_available(self) -> bool {
+        self.0 & ((3 << Self::ADMIN_SHIFT) | Self::UNHEALTHY) == 0
+    }
+
+    /// A slow-start ramp may be running.
+    #[inline(always)]
+    pub fn ramping(self) -> bool {
+        self.0 & Self::RAMPING != 0
+    }
+
+    #[inline(always)]
+    pub fn breaker_closed(self) -> bool {
+        self.0 & Self::BREAKER_OPEN == 0
+    }
+
+    /// A hold-off may be running.
+    #[inline(always)]
+    pub fn held(self) -> bool {
+        self.0 & Self::HELD != 0
+    }
+
+    /// `SLOW_AFTER_MISSES` first-token deadlines may have been missed in a row.
+    #[inline(always)]
+    pub fn maybe_slow(self) -> bool {
+        self.0 & Self::SLOW != 0
+    }
+
+    fn with_slots(self, slots: u64) -> Self {
+        let slots = slots.min(Self::SLOTS_MAX) << Self::SLOTS_SHIFT;
+        Self(self.0 & !(Self::SLOTS_MAX << Self::SLOTS_SHIFT) | slots)
+    }
+
+    fn with_admin(self, admin: Admin) -> Self {
+        Self(self.0 & !(3 << Self::ADMIN_SHIFT) | u64::from(admin.as_u8()) << Self::ADMIN_SHIFT)
+    }
+
+    fn with_health(self, health: Health) -> Self {
+        Self(self.0 & !(3 << Self::HEALTH_SHIFT) | u64::from(health.as_u8()) << Self::HEALTH_SHIFT)
+    }
 }
 
 // The claim above, checked: the first loaded model's signature ends within the first line.
@@ -364,18 +458,19 @@ impl Node {
         let admin_reason = if config.enabled { "enabled in the config" } else { "disabled in the config" };
         Ok(Self {
             hot: Hot {
-                admin: AtomicU8::new(if config.enabled { Admin::Active } else { Admin::Disabled }.as_u8()),
+                glance: AtomicU64::new(
+                    Glance::new(
+                        u64::from(config.max_concurrency.max(1)),
+                        if config.enabled { Admin::Active } else { Admin::Disabled },
+                    )
+                    .0,
+                ),
                 weight: AtomicU32::new(config.weight.max(1)),
                 max_concurrency: AtomicU32::new(config.max_concurrency.max(1)),
                 fleet_share: AtomicU32::new(u32::MAX),
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
-                health: AtomicU8::new(Health::Unknown.as_u8()),
-                in_flight: AtomicUsize::new(0),
-                ramping: AtomicBool::new(false),
-                breaker_closed: AtomicBool::new(true),
                 ttfb_key: AtomicU64::new(f64::NEG_INFINITY.to_bits()),
                 ttfb_decay_s: tuning.latency_decay.as_secs_f64().max(1e-9),
-                held: AtomicBool::new(false),
                 first_token_misses: AtomicU32::new(0),
                 loaded_sigs: Default::default(),
                 loaded_count: AtomicU8::new(0),
@@ -420,17 +515,41 @@ impl Node {
 
     #[inline]
     pub fn health(&self) -> Health {
-        Health::from_u8(self.hot.health.load(Ordering::Acquire))
+        self.glance().health()
+    }
+
+    /// The node's routing state in one load: see `Glance`.
+    #[inline(always)]
+    pub fn glance(&self) -> Glance {
+        Glance(self.hot.glance.load(Ordering::Acquire))
+    }
+
+    /// Change the glance word (other than its count, which `try_dispatch` and `InFlight` keep);
+    /// the glance before the change.
+    fn reglance(&self, f: impl Fn(Glance) -> Glance) -> Glance {
+        let change = |w| Some(f(Glance(w)).0);
+        Glance(self.hot.glance.fetch_update(Ordering::AcqRel, Ordering::Acquire, change).unwrap_or_else(|w| w))
+    }
+
+    /// Set or clear one of the glance's marks, writing only when it changes.
+    fn mark(&self, mark: u64, on: bool) {
+        if (self.glance().0 & mark != 0) != on {
+            if on {
+                self.hot.glance.fetch_or(mark, Ordering::AcqRel);
+            } else {
+                self.hot.glance.fetch_and(!mark, Ordering::AcqRel);
+            }
+        }
     }
 
     #[inline]
     pub fn admin(&self) -> Admin {
-        Admin::from_u8(self.hot.admin.load(Ordering::Acquire))
+        self.glance().admin()
     }
 
     pub fn set_admin(&self, to: Admin) {
         let before = self.state();
-        let from = Admin::from_u8(self.hot.admin.swap(to.as_u8(), Ordering::AcqRel));
+        let from = self.reglance(|g| g.with_admin(to)).admin();
         if from != to {
             let reason = match (from, to) {
                 (_, Admin::Disabled) => "disabled by an operator",
@@ -503,6 +622,7 @@ impl Node {
 
     pub fn set_max_concurrency(&self, n: u32) {
         self.hot.max_concurrency.store(n.max(1), Ordering::Release);
+        self.reslot();
         self.wake.notify();
     }
 
@@ -514,15 +634,26 @@ impl Node {
     /// Set this broker's share of the node's slots (`u32::MAX`: no fleet). 0 keeps new
     /// requests in the queue; a share that rises wakes it.
     pub fn set_fleet_share(&self, n: u32) {
-        if self.hot.fleet_share.swap(n, Ordering::AcqRel) < n {
+        let before = self.hot.fleet_share.swap(n, Ordering::AcqRel);
+        self.reslot();
+        if before < n {
             self.wake.notify();
         }
+    }
+
+    /// Write the glance's slots from both of their sources. Each setter stores its source
+    /// first, so the last word written was computed after both stores it follows.
+    fn reslot(&self) {
+        self.reglance(|g| {
+            let share = self.hot.fleet_share.load(Ordering::Acquire);
+            g.with_slots(u64::from(self.hot.max_concurrency.load(Ordering::Acquire).min(share)))
+        });
     }
 
     /// The slots this broker may fill: `max_concurrency`, within its fleet share.
     #[inline(always)]
     pub fn slots(&self) -> usize {
-        self.max_concurrency().min(self.hot.fleet_share.load(Ordering::Acquire) as usize)
+        self.glance().slots()
     }
 
     /// The state a person sees.
@@ -544,7 +675,7 @@ impl Node {
     /// 100% over `slow_start` after it comes back (Envoy's slow start mode).
     #[inline(always)]
     pub fn slow_start_factor(&self, now: Instant) -> f64 {
-        if !self.hot.ramping.load(Ordering::Acquire) {
+        if !self.glance().ramping() {
             return 1.0;
         }
         self.ramp(now)
@@ -554,15 +685,19 @@ impl Node {
     #[cold]
     #[inline(never)]
     fn ramp(&self, now: Instant) -> f64 {
-        let returned = *lock(&self.returned_at);
+        let returned = lock(&self.returned_at);
         let slow_start = Duration::from_millis(self.slow_start_ms.load(Ordering::Acquire));
-        match returned {
-            Some(at) if !slow_start.is_zero() => {
-                let ramp = now.saturating_duration_since(at).as_secs_f64() / slow_start.as_secs_f64();
-                ramp.clamp(0.1, 1.0)
-            }
-            _ => 1.0,
+        let Some(at) = *returned else { return 1.0 };
+        if Instant::now().saturating_duration_since(at) >= slow_start {
+            // Over for good (not just as of a `now` in the past): the lock-free path again.
+            // Under the lock, so a comeback marked meanwhile is not cleared.
+            self.mark(Glance::RAMPING, false);
         }
+        if slow_start.is_zero() {
+            return 1.0;
+        }
+        let ramp = now.saturating_duration_since(at).as_secs_f64() / slow_start.as_secs_f64();
+        ramp.clamp(0.1, 1.0)
     }
 
     /// Take a new breaker policy and slow-start length (a reload): the breaker keeps its
@@ -576,24 +711,24 @@ impl Node {
     pub fn hold_off(&self, wait: Duration) {
         let mut until = lock(&self.held_until);
         *until = Some(Instant::now() + wait);
-        self.hot.held.store(true, Ordering::Release);
+        self.mark(Glance::HELD, true);
     }
 
     /// Whether the node asked, with a 429, not to be sent more until after `now`.
     #[inline(always)]
     pub fn held_off(&self, now: Instant) -> bool {
-        self.hot.held.load(Ordering::Acquire) && self.held_now(now)
+        self.glance().held() && self.held_now(now)
     }
 
     /// `held_off` while a hold-off may be running (under the lock, off the fast path).
     #[cold]
     #[inline(never)]
-    fn held_now(&self, now: Instant) -> bool {
+    pub fn held_now(&self, now: Instant) -> bool {
         let until = lock(&self.held_until);
         let held = until.is_some_and(|until| now < until);
         if until.is_some_and(|until| Instant::now() >= until) {
             // Over for good (not just as of a `now` in the past): the lock-free path again.
-            self.hot.held.store(false, Ordering::Release);
+            self.mark(Glance::HELD, false);
         }
         held
     }
@@ -605,7 +740,7 @@ impl Node {
 
     #[inline(always)]
     pub fn in_flight(&self) -> usize {
-        self.hot.in_flight.load(Ordering::Acquire)
+        self.glance().in_flight()
     }
 
     /// Requests this node answered since start, for status and tests.
@@ -615,13 +750,13 @@ impl Node {
 
     #[inline(always)]
     pub fn has_capacity(&self) -> bool {
-        self.in_flight() < self.slots()
+        self.glance().has_room()
     }
 
     /// Takes new requests at all: active and not known to be down.
     #[inline(always)]
     pub fn is_available(&self) -> bool {
-        self.admin() == Admin::Active && self.health() != Health::Unhealthy
+        self.glance().is_available()
     }
 
     pub fn breaker_state(&self) -> BreakerState {
@@ -631,13 +766,13 @@ impl Node {
     /// Whether the breaker would let a request through now.
     #[inline(always)]
     pub fn breaker_allows(&self, now: Instant) -> bool {
-        self.hot.breaker_closed.load(Ordering::Acquire) || self.breaker_would_allow(now)
+        self.glance().breaker_closed() || self.breaker_would_allow(now)
     }
 
     /// `breaker_allows` for a breaker that is not closed (under its lock, off the fast path).
     #[cold]
     #[inline(never)]
-    fn breaker_would_allow(&self, now: Instant) -> bool {
+    pub fn breaker_would_allow(&self, now: Instant) -> bool {
         self.with_breaker(|b| b.would_allow(now))
     }
 
@@ -645,7 +780,7 @@ impl Node {
     fn with_breaker<R>(&self, f: impl FnOnce(&mut Breaker) -> R) -> R {
         let mut b = lock(&self.breaker);
         let r = f(&mut b);
-        self.hot.breaker_closed.store(b.is_closed(), Ordering::Release);
+        self.mark(Glance::BREAKER_OPEN, !b.is_closed());
         r
     }
 
@@ -744,12 +879,10 @@ impl Node {
         }
         let (mut hot, mut other) = (false, false);
         for sig in &self.hot.loaded_sigs[..usize::from(count)] {
-            let sig = sig.load(Ordering::Relaxed);
-            if sig & !1 == model.hash {
-                hot |= sig & 1 == 1;
-            } else {
-                other = true;
-            }
+            // 0: this model, partly in VRAM; 1: this model, entirely; more: another model.
+            let diff = sig.load(Ordering::Relaxed) ^ model.hash;
+            hot |= diff == 1;
+            other |= diff > 1;
         }
         (hot, other)
     }
@@ -862,10 +995,10 @@ impl Node {
 
     /// `try_dispatch` as of `now`, for a caller that has just read the clock.
     pub fn try_dispatch_at(self: &Arc<Self>, force: bool, now: Instant) -> Option<InFlight> {
-        let max = self.slots();
         let (permit, forced) =
             self.with_breaker(|b| b.acquire(now).map(|p| (p, false)).or_else(|| force.then(|| (b.force(), true))))?;
-        match self.hot.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1)) {
+        let take = |w| Glance(w).has_room().then_some(w + 1);
+        match self.hot.glance.fetch_update(Ordering::AcqRel, Ordering::Acquire, take) {
             Ok(_) => Some(InFlight {
                 node: Arc::clone(self),
                 permit,
@@ -887,12 +1020,13 @@ impl Node {
 
     fn set_health(&self, to: Health, reason: &str) {
         let before = self.state();
-        let from = Health::from_u8(self.hot.health.swap(to.as_u8(), Ordering::AcqRel));
+        let from = self.reglance(|g| g.with_health(to)).health();
         if from != to {
             *lock(&self.health_since) = Since::now(reason);
             if from == Health::Unhealthy && to == Health::Healthy {
-                *lock(&self.returned_at) = Some(Instant::now());
-                self.hot.ramping.store(true, Ordering::Release);
+                let mut returned = lock(&self.returned_at);
+                *returned = Some(Instant::now());
+                self.mark(Glance::RAMPING, true);
             }
             tracing::info!(node = %self.name(), from = from.name(), to = to.name(), reason, "node health changed");
             self.publish(before);
@@ -941,7 +1075,9 @@ impl Node {
     /// routing tries it after every other candidate until it answers in time or the mark lapses.
     #[inline(always)]
     pub fn is_slow(&self, now: Instant) -> bool {
-        self.hot.first_token_misses.load(Ordering::Acquire) >= SLOW_AFTER_MISSES && self.slow_mark_holds(now)
+        self.glance().maybe_slow()
+            && self.hot.first_token_misses.load(Ordering::Acquire) >= SLOW_AFTER_MISSES
+            && self.slow_mark_holds(now)
     }
 
     /// Whether the last miss is recent enough for the slow mark to hold (off the fast path).
@@ -960,7 +1096,10 @@ impl Node {
         match outcome {
             Outcome::Slow => {
                 *lock(&self.last_miss) = Some(Instant::now());
-                let n = self.hot.first_token_misses.fetch_add(1, Ordering::AcqRel) + 1;
+                let n = self.hot.first_token_misses.fetch_add(1, Ordering::SeqCst) + 1;
+                if n >= SLOW_AFTER_MISSES {
+                    self.mark(Glance::SLOW, true);
+                }
                 if n == SLOW_AFTER_MISSES {
                     tracing::warn!(node = %self.name(), misses = n, "node marked slow: it keeps missing first-token deadlines; tried after the others");
                 }
@@ -968,8 +1107,14 @@ impl Node {
             // Read before the swap, so the common case (no misses) writes nothing.
             Outcome::Success
                 if self.hot.first_token_misses.load(Ordering::Acquire) > 0
-                    && self.hot.first_token_misses.swap(0, Ordering::AcqRel) >= SLOW_AFTER_MISSES =>
+                    && self.hot.first_token_misses.swap(0, Ordering::SeqCst) >= SLOW_AFTER_MISSES =>
             {
+                self.mark(Glance::SLOW, false);
+                // Misses counted since the swap may have set the mark just before it was
+                // cleared: the count decides.
+                if self.hot.first_token_misses.load(Ordering::SeqCst) >= SLOW_AFTER_MISSES {
+                    self.mark(Glance::SLOW, true);
+                }
                 tracing::info!(node = %self.name(), "node no longer slow: it answered in time");
             }
             _ => {}
@@ -1130,7 +1275,8 @@ impl Drop for InFlight {
         if let Some(id) = self.slot.take() {
             lock(&self.node.timetable).retain(|(i, _)| *i != id);
         }
-        self.node.hot.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // The count is the word's low bits, never below the guards that hold it.
+        self.node.hot.glance.fetch_sub(1, Ordering::AcqRel);
         self.node.wake.slot_freed();
     }
 }
@@ -1155,7 +1301,7 @@ pub struct Registry {
 pub struct ModelIndex {
     generation: u64,
     nodes: Arc<Vec<Arc<Node>>>,
-    serving: HashMap<String, Arc<Vec<Arc<Node>>>>,
+    serving: HashMap<String, Arc<Vec<Arc<Node>>>, foldhash::fast::RandomState>,
     /// Nodes whose list is not known: the answer for a model no node lists.
     unlisted: Arc<Vec<Arc<Node>>>,
 }
@@ -1163,7 +1309,7 @@ pub struct ModelIndex {
 impl ModelIndex {
     fn build(generation: u64, nodes: Arc<Vec<Arc<Node>>>) -> Self {
         let lists: Vec<_> = nodes.iter().map(|n| n.models.load_full()).collect();
-        let mut serving: HashMap<String, Vec<Arc<Node>>> =
+        let mut serving: HashMap<String, Vec<Arc<Node>>, foldhash::fast::RandomState> =
             lists.iter().filter_map(|l| l.as_ref().as_ref()).flatten().map(|m| (m.clone(), Vec::new())).collect();
         let mut unlisted = Vec::new();
         for (n, list) in nodes.iter().zip(&lists) {

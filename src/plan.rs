@@ -300,7 +300,8 @@ impl Board {
         // A node with a free slot and nothing booked on it this walk starts now: its lane
         // (one entry per slot) is built only once something is booked there.
         let key_of = Arc::as_ptr(n) as usize;
-        if n.in_flight() < n.slots().max(1) && (self.lanes.is_empty() || !self.lanes.contains_key(&key_of)) {
+        let glance = n.glance();
+        if glance.in_flight() < glance.slots().max(1) && (self.lanes.is_empty() || !self.lanes.contains_key(&key_of)) {
             return (0, service);
         }
         let lane = self.lane(n, now, Duration::from_nanos(nanos(service)));

@@ -36,10 +36,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use crate::config::{CategoryConfig, Policy};
-use crate::node::{hash64, ModelRef, Node, Registry};
+use crate::node::{hash64, Glance, ModelRef, Node, Registry};
 use crate::plan::{Board, Work};
 
 /// Why no candidate could be found.
@@ -137,27 +138,35 @@ pub struct PickCtx<'a> {
 /// "resident" is not "idle": with `OLLAMA_MAX_LOADED_MODELS=1` a loaded model is usually busy.
 #[inline(always)]
 pub fn occupancy(node: &Node, model: Option<ModelRef<'_>>) -> u8 {
+    occupancy_at(node, node.glance(), model)
+}
+
+/// `occupancy` with the node's state already read.
+#[inline(always)]
+fn occupancy_at(node: &Node, glance: Glance, model: Option<ModelRef<'_>>) -> u8 {
+    tier_at(node, glance, model, &TIERS[0])
+}
+
+/// Occupancy tiers by `(hot, busy, other)` as bits 2, 1, 0: as `occupancy` says, and with
+/// `wait_for_warm` (a loaded busy node, 1, before a cold idle one, 2). A lookup, not
+/// branches: `Router::pick_among` takes it for every node.
+const TIERS: [[u8; 8]; 2] = [[1, 3, 1, 3, 0, 0, 2, 2], [2, 3, 2, 3, 0, 0, 1, 1]];
+
+#[inline(always)]
+fn tier_at(node: &Node, glance: Glance, model: Option<ModelRef<'_>>, tiers: &[u8; 8]) -> u8 {
     let Some(model) = model else { return 0 };
     let (hot, other) = node.loaded_facts(model);
-    match (hot, node.in_flight() > 0) {
-        (true, false) => 0,
-        (true, true) => 2,
-        (false, _) if other => 3,
-        (false, _) => 1,
-    }
+    let busy = glance.in_flight() > 0;
+    tiers[usize::from(hot) << 2 | usize::from(busy) << 1 | usize::from(other)]
 }
 
 /// The rank `Router::pick` keeps the best of: occupancy (with `wait_for_warm`, a loaded busy
 /// node before a cold idle one), and a node that keeps missing first-token deadlines after
 /// every other (slow, not broken: still there when nothing else is).
 #[inline(always)]
-fn rank(node: &Node, model: Option<ModelRef<'_>>, wait_for_warm: bool, now: Instant) -> u8 {
-    let tier = match (occupancy(node, model), wait_for_warm) {
-        (1, true) => 2,
-        (2, true) => 1,
-        (t, _) => t,
-    };
-    tier + if node.is_slow(now) { 4 } else { 0 }
+fn rank(node: &Node, glance: Glance, model: Option<ModelRef<'_>>, tiers: &[u8; 8], now: Instant) -> u8 {
+    let tier = tier_at(node, glance, model, tiers);
+    tier + if glance.maybe_slow() && node.is_slow(now) { 4 } else { 0 }
 }
 
 /// The nodes one policy chooses among: some of a candidate list, by position in it, so
@@ -448,28 +457,66 @@ impl Router {
     /// Index into `nodes` of the chosen one; `None` only for an empty slice.
     pub fn pick(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>) -> Option<usize> {
         let key = ctx.model.map(crate::config::model_key);
-        self.pick_among(nodes, ctx, key.as_deref(), |_| true)
+        self.pick_among(nodes, ctx, key.as_deref(), |_, _| true)
+    }
+
+    /// `pick_among` for a request no node has been tried or excluded for, while every node is
+    /// usual (`Glance::is_usual`: active, up, no ramp, breaker closed, no hold-off, no slow
+    /// mark); `None` as soon as one is not (`pick_among` decides then). Those checks and the
+    /// slow-start dice then drop nothing, so the pass reads each node's glance and loaded
+    /// models and nothing else: most decisions are this one.
+    pub fn pick_usual(&self, nodes: &[Arc<Node>], ctx: &PickCtx<'_>, key: Option<&str>) -> Option<Option<usize>> {
+        let model = key.filter(|_| self.affinity).map(ModelRef::new);
+        let tiers = &TIERS[usize::from(self.wait_for_warm)];
+        let mut best = u8::MAX;
+        let mut pool: SmallVec<[u32; POOL_INLINE]> = SmallVec::new();
+        for (i, n) in nodes.iter().enumerate() {
+            let glance = n.glance();
+            if !glance.is_usual() {
+                return None;
+            }
+            if !glance.has_room() {
+                continue;
+            }
+            let tier = tier_at(n, glance, model, tiers);
+            if tier > best {
+                continue;
+            }
+            if tier < best {
+                best = tier;
+                pool.clear();
+            }
+            pool.push(i as u32);
+        }
+        if pool.is_empty() {
+            return Some(None);
+        }
+        let chosen = self.balance.pick(Pool { nodes, at: &pool }, ctx, &mut lock(&self.rng));
+        Some(pool.get(chosen).map(|&i| i as usize))
     }
 
     /// Index into `nodes` of the chosen one among those `keep` accepts; `None` when it
     /// accepts none. `key` is `ctx.model`'s key (`config::model_key`), found once by the
-    /// caller. One pass over `nodes` keeps the best occupancy tier's positions (no `Arc` is
-    /// copied); slow-start dice are thrown only when a node in it is ramping up.
+    /// caller. One pass over `nodes`, reading each node's `Glance` once (`keep` is given
+    /// it), keeps the best occupancy tier's positions (no `Arc` is copied); slow-start dice
+    /// are thrown only when a node in it is ramping up.
     pub fn pick_among(
         &self,
         nodes: &[Arc<Node>],
         ctx: &PickCtx<'_>,
         key: Option<&str>,
-        mut keep: impl FnMut(&Node) -> bool,
+        mut keep: impl FnMut(&Node, Glance) -> bool,
     ) -> Option<usize> {
         let model = key.filter(|_| self.affinity).map(ModelRef::new);
+        let tiers = &TIERS[usize::from(self.wait_for_warm)];
         let (mut best, mut ramping) = (u8::MAX, false);
-        let mut pool: Vec<u32> = Vec::with_capacity(nodes.len());
+        let mut pool: SmallVec<[u32; POOL_INLINE]> = SmallVec::new();
         for (i, n) in nodes.iter().enumerate() {
-            if !keep(n) {
+            let glance = n.glance();
+            if !keep(n, glance) {
                 continue;
             }
-            let tier = rank(n, model, self.wait_for_warm, ctx.now);
+            let tier = rank(n, glance, model, tiers, ctx.now);
             if tier > best {
                 continue;
             }
@@ -478,7 +525,7 @@ impl Router {
                 pool.clear();
             }
             pool.push(i as u32);
-            ramping |= n.slow_start_factor(ctx.now) < 1.0;
+            ramping |= glance.ramping() && n.slow_start_factor(ctx.now) < 1.0;
         }
         if pool.is_empty() {
             return None;
@@ -487,7 +534,7 @@ impl Router {
         if ramping {
             // A recovering node stays in with probability equal to its ramp; if every one
             // loses its dice, the whole tier stays.
-            let passed: Vec<u32> = pool
+            let passed: SmallVec<[u32; POOL_INLINE]> = pool
                 .iter()
                 .copied()
                 .filter(|&i| {
@@ -503,6 +550,9 @@ impl Router {
         pool.get(chosen).map(|&i| i as usize)
     }
 }
+
+/// Positions a decision keeps on the stack: a best tier of more nodes than this is rare.
+const POOL_INLINE: usize = 64;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -906,6 +956,45 @@ mod tests {
     }
 
     proptest! {
+        /// The pass for all-usual nodes answers as the general one does (same policy state and
+        /// dice), and gives up exactly when a node is not usual.
+        #[test]
+        fn the_usual_pass_picks_as_the_full_one(
+            nodes_at in proptest::collection::vec((1u32..4, 0usize..4, 0u8..4, 0u8..8), 1..12),
+            seed: u64,
+            p in 0usize..Policy::ALL.len(),
+            warm: bool,
+        ) {
+            let policy = Policy::ALL[p];
+            let reg = registry(nodes_at.len());
+            let nodes = reg.all();
+            let mut guards = Vec::new();
+            for (n, &(slots, busy, loaded, odd)) in nodes.iter().zip(&nodes_at) {
+                n.set_max_concurrency(slots);
+                for _ in 0..busy { guards.push(n.try_dispatch(false)); }
+                let model = |name: &str, size_vram| LoadedModel { name: name.into(), size: 10, size_vram, context_length: None };
+                match loaded {
+                    1 => n.set_loaded(vec![model("m:latest", 10)]),
+                    2 => n.set_loaded(vec![model("m:latest", 5)]),
+                    3 => n.set_loaded(vec![model("other:latest", 10)]),
+                    _ => {}
+                }
+                if odd == 0 { n.set_admin(crate::node::Admin::Draining); }
+            }
+            let category = CategoryConfig { policy, wait_for_warm: warm, ..CategoryConfig::default() };
+            let (usual, full) = (Router::new(&category, Some(seed)), Router::new(&category, Some(seed)));
+            let c = PickCtx { model: Some("m"), session: Some("s"), now: Instant::now(), work: Work::default() };
+            let all_usual = nodes.iter().all(|n| n.glance().is_usual());
+            for _ in 0..4 {
+                let fast = usual.pick_usual(&nodes, &c, Some("m:latest"));
+                let slow = full.pick_among(&nodes, &c, Some("m:latest"), |n, g| g.has_room() && n.is_available());
+                prop_assert_eq!(fast.is_some(), all_usual);
+                if let Some(fast) = fast {
+                    prop_assert_eq!(fast, slow);
+                }
+            }
+        }
+
         #[test]
         fn every_policy_picks_inside_the_candidates(n in 1usize..12, busy in proptest::collection::vec(0usize..4, 12), seed: u64, p in 0usize..Policy::ALL.len(), session in "[a-z]{0,8}") {
             let policy = Policy::ALL[p];
