@@ -172,6 +172,35 @@ test("failover rules are edited in place and rules the editor does not show surv
   await page.close();
 });
 
+test("an edit made while an apply reads the rules back is kept, not undone", async () => {
+  const page = await open(b, c, "rules");
+  const row = "tr[data-category=default]";
+  // A value no earlier test set, so the draft differs from the rules in force.
+  await page.fill(`${row} input[aria-label="first token timeout"]`, "6000");
+  // Hold the read-back that follows the apply until the next edit is typed.
+  let release;
+  const held = new Promise((r) => (release = r));
+  await page.route("**/admin/categories", async (route) => {
+    if (route.request().method() === "GET") await held;
+    await route.continue();
+  });
+  const asked = page.waitForRequest((r) => r.url().endsWith("/admin/categories") && r.method() === "GET");
+  await page.click("[data-testid=apply-rules]");
+  await asked;
+  await page.waitForSelector(".good");
+  await page.fill(`${row} input[aria-label="stream idle timeout"]`, "4500");
+  // The read-back decides on the draft before it asks for the providers.
+  const readBack = page.waitForResponse((r) => r.url().endsWith("/admin/providers") && r.request().method() === "GET");
+  release();
+  await readBack;
+  assert.equal(await page.inputValue(`${row} input[aria-label="stream idle timeout"]`), "4500");
+  assert.equal(await page.isEnabled("[data-testid=apply-rules]"), true, "the kept edit is a draft to apply");
+  assert.match(await page.textContent("[data-testid=rules-draft]"), /Draft: not applied yet/);
+  assert.equal((await c.adminApi("GET", "/admin/categories"))[0].stream_idle_timeout_ms, 30000, "not applied by itself");
+  await page.unroute("**/admin/categories");
+  await page.close();
+});
+
 test("export then import round-trips, with a preview of what changes", async () => {
   const page = await open(b, c, "share");
   const [download] = await Promise.all([page.waitForEvent("download"), page.click("[data-testid=export]")]);
