@@ -134,6 +134,21 @@ test("Settings edits a retry and a queue value; both are in the config file with
   await page.close();
 });
 
+test("saving one group keeps what was typed, not saved, in another", async () => {
+  const page = await open(b, c, "settings");
+  const queue = "[data-section=queue] input[data-key=max_requests]";
+  await page.waitForSelector(queue);
+  const inForce = (await c.adminApi("GET", "/admin/settings")).queue.max_requests;
+  await page.fill(queue, String(inForce + 123));
+  await page.fill("[data-section=retry] input[data-key=max_attempts]", "3");
+  await page.click("[data-testid=save-retry]");
+  await page.waitForSelector("[data-testid=notice-retry]");
+  assert.equal((await c.adminApi("GET", "/admin/settings")).retry.max_attempts, 3);
+  assert.equal(await page.inputValue(queue), String(inForce + 123), "the unsaved edit is still there");
+  assert.equal((await c.adminApi("GET", "/admin/settings")).queue.max_requests, inForce, "and still not saved");
+  await page.close();
+});
+
 test("a retry value the broker refuses goes back to the one in force, with a sentence", async () => {
   const page = await open(b, c, "settings");
   const cap = "[data-section=retry] input[data-key=backoff_cap_ms]";
