@@ -368,10 +368,9 @@ impl Admission {
         let index = self.registry.by_model();
         let nodes = index.serving(key);
         let now = Instant::now();
-        // No node tried or excluded yet (the common case): a usual node needs no other look.
-        let first = ticket.tried.is_empty() && ticket.excluded.is_empty();
         let ctx = PickCtx { model, session: ticket.session.as_deref(), now, work: ticket.work };
-        if first && !nodes.is_empty() {
+        // A first try (no node tried or excluded yet) over usual nodes: the tight pass.
+        if ticket.tried.is_empty() && ticket.excluded.is_empty() && !nodes.is_empty() {
             // Every node usual: each one is plainly routable, so none free is a wait.
             match ticket.router.pick_usual(nodes, &ctx, key) {
                 Some(Some(i)) => return Some(take_slot(nodes, i, false, ticket, key, board, now)),
@@ -379,9 +378,7 @@ impl Admission {
                 None => {}
             }
         }
-        let keep = |n: &Node, glance: Glance| {
-            glance.has_room() && ((first && glance.is_usual()) || ticket.plainly_routable_at(n, glance, now))
-        };
+        let keep = |n: &Node, glance: Glance| glance.has_room() && ticket.plainly_routable_at(n, glance, now);
         match ticket.router.pick_among(nodes, &ctx, key, keep) {
             Some(i) => Some(take_slot(nodes, i, false, ticket, key, board, now)),
             // Every node full is a wait; none plainly routable is the careful path's to judge.
@@ -421,12 +418,7 @@ impl Admission {
             return None;
         }
         let now = Instant::now();
-        // No node tried or excluded yet (the common case): a usual node needs no other look.
-        let first = ticket.tried.is_empty() && ticket.excluded.is_empty();
-        let plain = |n: &Node| {
-            let glance = n.glance();
-            (first && glance.is_usual()) || ticket.plainly_routable_at(n, glance, now)
-        };
+        let plain = |n: &Node| ticket.plainly_routable(n, now);
         let model_ref = key.map(crate::node::ModelRef::new);
         let plan = board.plan_plain(nodes, key, &ticket.work, now, |n| route::occupancy(n, model_ref), plain)?;
         Some(self.take_plan(ticket, nodes, plan, false, board, now))
