@@ -418,6 +418,12 @@ impl Admission {
             return None;
         }
         let now = Instant::now();
+        // A first try over usual nodes: the tight pass (usual and untried is plainly routable).
+        if ticket.tried.is_empty() && ticket.excluded.is_empty() {
+            if let Some(plan) = board.plan_usual(nodes, key, &ticket.work, now) {
+                return Some(self.take_plan(ticket, nodes, plan, false, board, now));
+            }
+        }
         let plain = |n: &Node| ticket.plainly_routable(n, now);
         let model_ref = key.map(crate::node::ModelRef::new);
         let plan = board.plan_plain(nodes, key, &ticket.work, now, |n| route::occupancy(n, model_ref), plain)?;
