@@ -140,9 +140,9 @@ impl LoadedModel {
 /// keeps up to three per GPU by default) it reads the list.
 const LOADED_SIGS: usize = 4;
 
-/// FNV-1a with a SplitMix64 finalizer: a fast 64-bit hash of a model key (routing compares
-/// loaded models by it) or a session (the sticky ring). FNV alone leaves keys that differ in
-/// their last character close together.
+/// FNV-1a with a SplitMix64 finalizer: the sticky ring's hash of a session and of a node's
+/// points, so every broker of a fleet maps a session alike. FNV alone leaves keys
+/// that differ in their last character close together.
 pub fn hash64(s: &str) -> u64 {
     let mut z: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes().chain(std::iter::once(0xff)) {
@@ -163,13 +163,22 @@ pub struct ModelRef<'a> {
 
 impl<'a> ModelRef<'a> {
     pub fn new(key: &'a str) -> Self {
-        Self { key, hash: hash64(key) & !1 }
+        Self { key, hash: model_hash(key) }
     }
+}
+
+/// A model key's hash as routing compares loaded models and speed cards by, its low bit
+/// clear. foldhash rather than `hash64`: it reads eight bytes at a time, a fifth of the
+/// instructions for a typical key, and a decision hashes its model at least once. Kept
+/// within the process (nothing stores or shares it), so a fixed seed is enough.
+fn model_hash(key: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x636f_7272_616c).hash_one(key) & !1
 }
 
 /// A loaded model's signature: its key's hash, the low bit set when it is entirely in VRAM.
 fn loaded_sig(l: &LoadedModel) -> u64 {
-    (hash64(&l.name) & !1) | u64::from(l.fully_in_vram())
+    model_hash(&l.name) | u64::from(l.fully_in_vram())
 }
 
 /// Why a node is in its state, and since when.
