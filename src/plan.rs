@@ -257,15 +257,20 @@ impl Board {
 
     /// `quotes(nodes, ..)[i]`, looking at the other nodes only when `nodes[i]` has no speed of
     /// its own to go by (the fallback is the best of theirs).
+    ///
+    /// Every request placed by a policy other than `fastest-finish` takes this (its node's
+    /// timetable needs the estimate), so it reads the card's pace as `plan` does: no `Speed`
+    /// rebuilt and no per-token times divided out again.
     pub fn quote_one(&mut self, nodes: &[Arc<Node>], i: usize, key: Option<&str>, work: &Work, now: Instant) -> Quote {
         let reader = Reader::new(key, now);
-        let own = reader.speed(&nodes[i]);
-        let fallback = if own.as_ref().is_some_and(|s| !lacks(&Pace::of(s), work)) {
-            Fallback::of([])
-        } else {
+        let pace = reader.pace(&nodes[i]);
+        let fallback = if lacks(&pace, work) {
             Fallback::of(nodes.iter().filter_map(|n| reader.speed(n)))
+        } else {
+            Fallback::UNUSED
         };
-        self.quote(&nodes[i], own.as_ref(), &reader, work, fallback)
+        let (wait, service) = self.price(&nodes[i], &pace, &reader, work, fallback);
+        Quote { start: now + Duration::from_nanos(wait), service: Duration::from_nanos(nanos(service)) }
     }
 
     fn quote(
@@ -602,6 +607,11 @@ mod tests {
                     .min_by_key(|(i, q)| (q.start + q.service, q.start, rank(&nodes[*i]), nodes[*i].in_flight(), *i))
                     .expect("a quote");
                 proptest::prop_assert_eq!(got, Plan { index, start: q.start, finish: q.start + q.service, service: q.service });
+                // One node's quote, as a request placed by another policy takes it.
+                for (i, q) in quotes.iter().enumerate() {
+                    let one = Board::new().quote_one(&nodes, i, Some("m:latest"), &work, now);
+                    proptest::prop_assert_eq!((one.start, one.service), (q.start, q.service), "node {}", i);
+                }
                 // The usual-case pass: the same plan wherever it answers, and it answers
                 // whenever every node has room and a pace of its own and no finishes nearly tie.
                 let fast = Board::once().plan_usual(&nodes, Some("m:latest"), &work, now);
