@@ -884,7 +884,7 @@ impl Node {
     pub fn loaded_facts(&self, model: ModelRef<'_>) -> (bool, bool) {
         let count = self.hot.loaded_count.load(Ordering::Acquire);
         if usize::from(count) > LOADED_SIGS {
-            return self.loaded_facts_from_list(model);
+            return self.loaded_facts_from_list(model.key);
         }
         let (mut hot, mut other) = (false, false);
         for sig in &self.hot.loaded_sigs[..usize::from(count)] {
@@ -897,12 +897,15 @@ impl Node {
     }
 
     /// `loaded_facts` for a node with more models loaded than the atomics hold.
+    ///
+    /// Given the key alone (two registers), not the `ModelRef`: a struct that size goes by
+    /// reference, and a pass over 100 nodes then wrote it to the stack once a node.
     #[cold]
     #[inline(never)]
-    fn loaded_facts_from_list(&self, model: ModelRef<'_>) -> (bool, bool) {
+    fn loaded_facts_from_list(&self, key: &str) -> (bool, bool) {
         let loaded = self.loaded.load();
-        let hot = loaded.iter().any(|l| l.name == model.key && l.fully_in_vram());
-        (hot, loaded.iter().any(|l| l.name != model.key))
+        let hot = loaded.iter().any(|l| l.name == key && l.fully_in_vram());
+        (hot, loaded.iter().any(|l| l.name != key))
     }
 
     /// What a finished answer of `model` said about this node's speed.
