@@ -389,6 +389,7 @@ impl Board {
         let model = reader.model?;
         let prompt = work.prompt_tokens as f64;
         let recent_after = reader.at.saturating_sub(RESIDENT_NANOS);
+        // `usize::MAX` until a node is priced: an `Option` here cost 7 instructions a node.
         let (mut best, mut best_finish) = (usize::MAX, f64::INFINITY);
         for (i, n) in nodes.iter().enumerate() {
             let glance = n.glance();
@@ -418,7 +419,10 @@ impl Board {
                 return None;
             }
         }
-        let service = Duration::from_nanos(nanos(nodes.get(best).map(|_| best_finish)?));
+        if best == usize::MAX {
+            return None; // no nodes
+        }
+        let service = Duration::from_nanos(nanos(best_finish));
         Some(Plan { index: best, start: now, finish: now + service, service })
     }
 
