@@ -197,7 +197,7 @@ impl Admission {
     /// Wait for a slot until `deadline`. The returned guard holds it.
     pub async fn admit(
         &self,
-        ticket: Ticket,
+        ticket: &Ticket,
         deadline: Instant,
         shutdown: &CancellationToken,
     ) -> Result<InFlight, BrokerError> {
@@ -206,13 +206,13 @@ impl Admission {
             let mut q = self.lock();
             if q.waiters.is_empty() {
                 // Nobody ahead: take a slot directly if there is one.
-                if let Some(g) = self.place_now(&ticket)? {
+                if let Some(g) = self.place_now(ticket)? {
                     return Ok(g);
                 }
             } else {
-                self.candidates(&ticket)?;
+                self.candidates(ticket)?;
             }
-            if !q.has_room(&ticket, &self.limits.load()) {
+            if !q.has_room(ticket, &self.limits.load()) {
                 return Err(BrokerError::QueueFull { depth: q.waiters.len(), bytes: q.bytes });
             }
             let origin = match ticket.origin {
@@ -226,7 +226,8 @@ impl Admission {
                 q.remote += 1;
                 q.remote_bytes += ticket.body_bytes;
             }
-            q.waiters.insert(key, Waiter { ticket, tx });
+            // Copied only here: a request placed at once (the usual case) never is.
+            q.waiters.insert(key, Waiter { ticket: ticket.clone(), tx });
             self.registry.wake().queued();
             (key, rx)
         };

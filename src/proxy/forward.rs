@@ -88,7 +88,7 @@ pub async fn forward(
         if attempt > 1 && !may_retry(shared, &ticket, attempt, deadline, &out.request_id).await {
             break;
         }
-        let guard = match shared.admission.admit(ticket.clone(), deadline, &shared.shutdown).await {
+        let guard = match shared.admission.admit(&ticket, deadline, &shared.shutdown).await {
             Ok(g) => g,
             Err(e) if failures.is_empty() => return Err((e, 0)),
             // Nobody left to try: report what the attempts so far ran into.
@@ -211,7 +211,7 @@ async fn continuation(
     ticket.tried.push(Arc::clone(&broke));
     ticket.excluded.push(broke);
     let deadline = Instant::now() + out.queue_timeout;
-    let guard = shared.admission.admit(ticket, deadline, &shared.shutdown).await.map_err(|e| e.to_string())?;
+    let guard = shared.admission.admit(&ticket, deadline, &shared.shutdown).await.map_err(|e| e.to_string())?;
     let node = guard.node().name().to_string();
     match attempt_once(&shared, &config, guard, &out).await {
         Ok(Attempt::Relay(answer, guard)) if answer.status.is_success() => Ok((answer, guard)),
