@@ -168,9 +168,10 @@ impl<'a> ModelRef<'a> {
 }
 
 /// A model key's hash as routing compares loaded models and speed cards by, its low bit
-/// clear. foldhash rather than `hash64`: it reads eight bytes at a time, a fifth of the
-/// instructions for a typical key, and a decision hashes its model at least once. Kept
-/// within the process (nothing stores or shares it), so a fixed seed is enough.
+/// clear. foldhash rather than `hash64`: it reads eight bytes at a time where FNV reads one,
+/// and a decision hashes its model at least once (with it, a fastest-finish decision at 100
+/// nodes took 287 fewer instructions under callgrind). Kept within the process (nothing
+/// stores or shares it), so a fixed seed is enough.
 fn model_hash(key: &str) -> u64 {
     use std::hash::BuildHasher;
     foldhash::fast::FixedState::with_seed(0x636f_7272_616c).hash_one(key) & !1
