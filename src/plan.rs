@@ -532,6 +532,66 @@ mod tests {
         assert_eq!(Work::of(br#"{"model":"m"}"#).output_tokens, None);
     }
 
+    /// A node as the property test below draws it: decode and prefill speed (in steps of
+    /// 20 and 500 tokens a second), slots, requests running, the model loaded, cold-load
+    /// seconds, and whether its last answer is past `RESIDENT_FOR`.
+    type NodeSketch = (Option<u64>, Option<u64>, u32, usize, bool, Option<u64>, bool);
+
+    /// The fleet the sketches draw, taught and loaded, with the guards of its running requests.
+    /// The clock (paused) ends six minutes after the old answers.
+    async fn sketched(fleet: &[NodeSketch]) -> (Registry, Vec<InFlight>) {
+        let cfgs: Vec<NodeConfig> = (0..fleet.len())
+            .map(|i| NodeConfig {
+                name: format!("n{i}"),
+                url: format!("http://127.0.0.1:{}", 1000 + i),
+                max_concurrency: fleet[i].2,
+                ..NodeConfig::default()
+            })
+            .collect();
+        let reg = Registry::new(&cfgs, NodeTuning::default()).expect("valid urls");
+        let mut running = Vec::new();
+        // The old answers first, then six minutes on: past `RESIDENT_FOR`, not yet
+        // past `FRESH_FOR`.
+        for old in [true, false] {
+            let now = Instant::now();
+            for (n, (decode, prefill, _, _, _, load, _)) in reg.all().iter().zip(fleet).filter(|(_, f)| f.6 == old) {
+                // Speeds from a few values only, so ties happen.
+                let second = Some(Duration::from_secs(1));
+                let t = Timing {
+                    prompt_tokens: prefill.map(|p| p * 500),
+                    prompt: prefill.map(|_| Duration::from_secs(1)),
+                    eval_tokens: decode.map(|d| d * 20),
+                    eval: decode.and(second),
+                    load: load.map(Duration::from_secs),
+                };
+                if decode.is_some() || prefill.is_some() {
+                    n.observe_speed("m", &t, now);
+                }
+            }
+            if old {
+                tokio::time::advance(Duration::from_secs(6 * 60)).await;
+            }
+        }
+        let now = Instant::now();
+        for (n, (_, _, _, busy, hot, _, _)) in reg.all().iter().zip(fleet) {
+            if *hot {
+                n.set_loaded(vec![crate::node::LoadedModel {
+                    name: "m:latest".into(),
+                    size: 1,
+                    size_vram: 1,
+                    context_length: None,
+                }]);
+            }
+            for _ in 0..*busy {
+                if let Some(mut g) = n.try_dispatch(false) {
+                    g.plan(Some("m"), Some(now + Duration::from_secs(3)));
+                    running.push(g);
+                }
+            }
+        }
+        (reg, running)
+    }
+
     proptest::proptest! {
         /// The one-pass `plan` chooses what the minimum of `quotes` by the documented order
         /// chooses, on fleets with unknown speeds (the fallback's second pass), busy nodes,
@@ -555,50 +615,8 @@ mod tests {
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("rt");
             rt.block_on(async {
-                let cfgs: Vec<NodeConfig> = (0..fleet.len())
-                    .map(|i| NodeConfig {
-                        name: format!("n{i}"),
-                        url: format!("http://127.0.0.1:{}", 1000 + i),
-                        max_concurrency: fleet[i].2,
-                        ..NodeConfig::default()
-                    })
-                    .collect();
-                let reg = Registry::new(&cfgs, NodeTuning::default()).expect("valid urls");
-                let mut running = Vec::new();
-                // The old answers first, then six minutes on: past `RESIDENT_FOR`, not yet
-                // past `FRESH_FOR`.
-                for old in [true, false] {
-                    let now = Instant::now();
-                    for (n, (decode, prefill, _, _, _, load, _)) in reg.all().iter().zip(&fleet).filter(|(_, f)| f.6 == old) {
-                        // Speeds from a few values only, so ties happen.
-                        let second = Some(Duration::from_secs(1));
-                        let t = Timing {
-                            prompt_tokens: prefill.map(|p| p * 500),
-                            prompt: prefill.map(|_| Duration::from_secs(1)),
-                            eval_tokens: decode.map(|d| d * 20),
-                            eval: decode.and(second),
-                            load: load.map(Duration::from_secs),
-                        };
-                        if decode.is_some() || prefill.is_some() {
-                            n.observe_speed("m", &t, now);
-                        }
-                    }
-                    if old {
-                        tokio::time::advance(Duration::from_secs(6 * 60)).await;
-                    }
-                }
+                let (reg, _running) = sketched(&fleet).await;
                 let now = Instant::now();
-                for (n, (_, _, _, busy, hot, _, _)) in reg.all().iter().zip(&fleet) {
-                    if *hot {
-                        n.set_loaded(vec![crate::node::LoadedModel { name: "m:latest".into(), size: 1, size_vram: 1, context_length: None }]);
-                    }
-                    for _ in 0..*busy {
-                        if let Some(mut g) = n.try_dispatch(false) {
-                            g.plan(Some("m"), Some(now + Duration::from_secs(3)));
-                            running.push(g);
-                        }
-                    }
-                }
                 let nodes = reg.all();
                 let work = Work { prompt_tokens, output_tokens: output };
                 let model = Some(ModelRef::new("m:latest"));
