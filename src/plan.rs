@@ -252,7 +252,8 @@ impl Board {
         let reader = Reader::new(key, now);
         let speeds: Vec<Option<Speed>> = nodes.iter().map(|n| reader.speed(n)).collect();
         let fallback = Fallback::of(speeds.iter().flatten().copied());
-        nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, s.as_ref(), &reader, work, fallback)).collect()
+        let pace = |s: &Option<Speed>| s.as_ref().map_or(Pace::UNKNOWN, Pace::of);
+        nodes.iter().zip(&speeds).map(|(n, s)| self.quote(n, &pace(s), &reader, work, fallback)).collect()
     }
 
     /// `quotes(nodes, ..)[i]`, looking at the other nodes only when `nodes[i]` has no speed of
@@ -269,20 +270,11 @@ impl Board {
         } else {
             Fallback::UNUSED
         };
-        let (wait, service) = self.price(&nodes[i], &pace, &reader, work, fallback);
-        Quote { start: now + Duration::from_nanos(wait), service: Duration::from_nanos(nanos(service)) }
+        self.quote(&nodes[i], &pace, &reader, work, fallback)
     }
 
-    fn quote(
-        &mut self,
-        n: &Arc<Node>,
-        s: Option<&Speed>,
-        reader: &Reader<'_>,
-        work: &Work,
-        fallback: Fallback,
-    ) -> Quote {
-        let pace = s.map_or(Pace::UNKNOWN, Pace::of);
-        let (wait, service) = self.price(n, &pace, reader, work, fallback);
+    fn quote(&mut self, n: &Arc<Node>, pace: &Pace, reader: &Reader<'_>, work: &Work, fallback: Fallback) -> Quote {
+        let (wait, service) = self.price(n, pace, reader, work, fallback);
         Quote { start: reader.now + Duration::from_nanos(wait), service: Duration::from_nanos(nanos(service)) }
     }
 
