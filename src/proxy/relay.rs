@@ -99,17 +99,23 @@ fn streamed(relay: Relay, read_ahead: Option<Budget>, record: Option<tokio::sync
 
 /// The body of an answer the broker holds whole (assembled from a node's stream, read whole,
 /// or made by the broker): one frame of known length, so it goes out with `Content-Length` as
-/// Ollama sends it, judged as it is handed over. Relayed as a stream it went out chunked,
-/// through an unfold, a stream body and its boxes, and was judged one poll later (issue 16).
-/// Dropped before it is polled, the relay inside judges the exchange as the client's leaving.
+/// Ollama sends it. Relayed as a stream it went out chunked, through an unfold, a stream body
+/// and its boxes (issue 16).
+///
+/// The exchange is judged once the frame is handed over, but not before the server has
+/// written it: the server drops the body as it takes the last frame and writes after, so the
+/// verdict (the speed model, the record, the log line) is made in a task of its own that runs
+/// once the connection's task yields, not ahead of the client's bytes. Dropped before it is
+/// polled, the relay inside judges the exchange as the client's leaving.
 struct Document {
-    relay: Relay,
+    relay: Option<Relay>,
+    handed: bool,
 }
 
 impl Document {
     fn new(mut relay: Relay) -> Self {
         relay.first = Some(relay.first.take().unwrap_or_default());
-        Self { relay }
+        Self { relay: Some(relay), handed: false }
     }
 }
 
@@ -121,19 +127,32 @@ impl http_body::Body for Document {
         self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let relay = &mut self.get_mut().relay;
+        let this = self.get_mut();
+        let Some(relay) = this.relay.as_mut() else { return std::task::Poll::Ready(None) };
         let Some(data) = relay.first.take() else { return std::task::Poll::Ready(None) };
-        let data = relay.pass(data);
-        relay.finish(Outcome::Success, "");
-        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+        this.handed = true;
+        std::task::Poll::Ready(Some(Ok(http_body::Frame::data(relay.pass(data)))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.relay.first.is_none()
+        self.relay.as_ref().is_none_or(|r| r.first.is_none())
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.relay.first.as_ref().map_or(0, |d| d.len() as u64))
+        let len = self.relay.as_ref().and_then(|r| r.first.as_ref()).map_or(0, |d| d.len() as u64);
+        http_body::SizeHint::with_exact(len)
+    }
+}
+
+impl Drop for Document {
+    fn drop(&mut self) {
+        let Some(mut relay) = self.relay.take().filter(|_| self.handed) else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move {
+                relay.finish(Outcome::Success, "");
+            })),
+            Err(_) => drop(relay.finish(Outcome::Success, "")),
+        }
     }
 }
 
@@ -425,5 +444,82 @@ impl Drop for Relay {
             // node's connection, so it stops generating.
             self.finish(Outcome::ClientGone, "client disconnected");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use http_body::Body as _;
+
+    use super::*;
+    use crate::node::{Node, NodeTuning};
+
+    fn node() -> Arc<Node> {
+        let cfg =
+            crate::config::NodeConfig { name: "a".into(), url: "http://127.0.0.1:1".into(), ..Default::default() };
+        Arc::new(Node::new(cfg, NodeTuning::default(), Arc::default()).expect("valid url"))
+    }
+
+    /// A whole answer from `node`, holding one of its slots.
+    fn document(node: &Arc<Node>) -> Document {
+        let relay = Relay {
+            resume: None,
+            upstream: Box::pin(futures_util::stream::empty()),
+            first: Some(Bytes::from_static(b"{\"done\":true}")),
+            source: Some(Source::Node(node.try_dispatch(false).expect("a slot"))),
+            trace: None,
+            status: StatusCode::OK,
+            idle: Duration::from_secs(5),
+            framing: Framing::Opaque,
+            ends_with_newline: true,
+            done: false,
+            request_id: "r1".into(),
+            bytes: 0,
+            tail: std::collections::VecDeque::new(),
+            silence: Box::pin(tokio::time::sleep(Duration::from_secs(5))),
+            stashed: None,
+            began: Instant::now(),
+            handoff: None,
+        };
+        Document::new(relay)
+    }
+
+    fn take_frame(doc: &mut Document) {
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        let frame = std::pin::Pin::new(doc).poll_frame(&mut cx);
+        assert!(matches!(frame, Poll::Ready(Some(Ok(_)))), "the one frame");
+    }
+
+    #[tokio::test]
+    async fn a_document_is_judged_after_the_server_has_written_it_not_before() {
+        let node = node();
+        let mut doc = document(&node);
+        take_frame(&mut doc);
+        assert!(doc.is_end_stream());
+        assert_eq!(node.in_flight(), 1, "handed over: still held");
+        drop(doc);
+        assert_eq!(node.in_flight(), 1, "the server drops the body, then writes: the verdict waits");
+        tokio::task::yield_now().await;
+        assert_eq!(node.in_flight(), 0, "judged once the connection's task has yielded");
+    }
+
+    #[tokio::test]
+    async fn a_document_dropped_unread_is_judged_at_once() {
+        let node = node();
+        drop(document(&node));
+        assert_eq!(node.in_flight(), 0, "the client left: the slot frees on the spot");
+    }
+
+    #[test]
+    fn a_document_handed_over_outside_a_runtime_is_judged_on_the_spot() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let node = node();
+        let mut doc = rt.block_on(async { document(&node) });
+        take_frame(&mut doc);
+        drop(doc);
+        assert_eq!(node.in_flight(), 0);
     }
 }
