@@ -18,7 +18,6 @@
 //! The book is small (one entry per model a node served) and touched once per finished
 //! exchange; nothing here runs per chunk.
 
-use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -300,7 +299,7 @@ impl Estimate {
 /// A node's estimates, per model key.
 #[derive(Debug, Default)]
 pub struct Book {
-    models: HashMap<String, Estimate>,
+    models: foldhash::HashMap<String, Estimate>,
 }
 
 impl Book {

@@ -68,7 +68,7 @@ pub struct ReloadStatus {
 /// State shared by every proxy listener (and the admin API, which changes it at runtime).
 pub struct Shared {
     config: ArcSwap<Config>,
-    routers: ArcSwap<HashMap<String, Arc<Router>>>,
+    routers: ArcSwap<foldhash::HashMap<String, Arc<Router>>>,
     pub registry: Arc<Registry>,
     pub admission: Arc<Admission>,
     pub retry_budget: RetryBudget,
@@ -123,7 +123,7 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-fn routers_for(config: &Config, seed: Option<u64>) -> HashMap<String, Arc<Router>> {
+fn routers_for(config: &Config, seed: Option<u64>) -> foldhash::HashMap<String, Arc<Router>> {
     config
         .categories
         .iter()

@@ -15,7 +15,6 @@
 //!   span for the request and one per attempt (`Trace::attempt_began` / `attempt_failed`),
 //!   handed to the exporter when the trace is judged; without it, each hook is one branch.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -157,7 +156,7 @@ impl PartySeries {
 struct Metrics {
     registry: MetricsRegistry,
     /// [`PartySeries`] by answering party.
-    parties: RwLock<HashMap<String, Arc<PartySeries>>>,
+    parties: RwLock<foldhash::HashMap<String, Arc<PartySeries>>>,
     requests: Family<RequestLabels, Counter>,
     duration: Family<NodeLabels, Histogram, fn() -> Histogram>,
     ttfb: Family<NodeLabels, Histogram, fn() -> Histogram>,

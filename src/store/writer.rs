@@ -276,7 +276,7 @@ enum Tx<'c> {
 }
 
 /// Per (minute, node): requests, errors, total ms, ttfb ms, completion tokens.
-type Rollups<'a> = std::collections::HashMap<(i64, &'a str), [i64; 5]>;
+type Rollups<'a> = foldhash::HashMap<(i64, &'a str), [i64; 5]>;
 
 async fn write_batch(conn: &mut Conn, batch: &[Record], broker: &str, new_drops: u64) -> Result<(), sqlx::Error> {
     let mut started: Vec<&Started> = Vec::new();
@@ -290,7 +290,7 @@ async fn write_batch(conn: &mut Conn, batch: &[Record], broker: &str, new_drops:
         }
     }
     // A request that started and finished within one batch needs only its finished row.
-    let done: std::collections::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
+    let done: foldhash::HashSet<&str> = finished.iter().map(|r| r.id.as_str()).collect();
     started.retain(|s| !done.contains(s.id.as_str()));
     let rollups = rollups_of(&finished);
     let mut tx = match conn {
@@ -317,7 +317,7 @@ async fn write_batch(conn: &mut Conn, batch: &[Record], broker: &str, new_drops:
 
 /// Rollups are summed per (minute, node) in memory: one upsert per group, not per row.
 fn rollups_of<'a>(finished: &[&'a RequestRow]) -> Rollups<'a> {
-    let mut rollups = Rollups::new();
+    let mut rollups = Rollups::default();
     for row in finished {
         if let Some(node) = &row.node {
             let minute = row.finished_at.unwrap_or(row.started_at) / 60_000;

@@ -13,7 +13,6 @@
 //! redirect is its answer). A connection whose answer was not read to its end is closed, never
 //! reused.
 
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
@@ -75,7 +74,7 @@ pub struct Pool {
 
 #[derive(Debug, Default)]
 struct Idle {
-    by_node: HashMap<Box<str>, Vec<Parked>>,
+    by_node: foldhash::HashMap<Box<str>, Vec<Parked>>,
     swept: Option<Instant>,
 }
 
