@@ -146,13 +146,23 @@ impl http_body::Body for Document {
 
 impl Drop for Document {
     fn drop(&mut self) {
-        let Some(mut relay) = self.relay.take().filter(|_| self.handed) else { return };
+        let Some(relay) = self.relay.take().filter(|_| self.handed) else { return };
+        let handed = Handed(relay);
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                relay.finish(Outcome::Success, "");
-            })),
-            Err(_) => drop(relay.finish(Outcome::Success, "")),
+            // A runtime shutting down drops the task unrun: `Handed` judges it all the same.
+            Ok(runtime) => drop(runtime.spawn(async move { drop(handed) })),
+            Err(_) => drop(handed),
         }
+    }
+}
+
+/// A relay whose whole answer the server has taken: a success, judged when this is dropped,
+/// in the task made for it or wherever that task is let go.
+struct Handed(Relay);
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        self.0.finish(Outcome::Success, "");
     }
 }
 
@@ -504,6 +514,7 @@ mod tests {
         assert_eq!(node.in_flight(), 1, "the server drops the body, then writes: the verdict waits");
         tokio::task::yield_now().await;
         assert_eq!(node.in_flight(), 0, "judged once the connection's task has yielded");
+        assert_eq!(node.served(), 1, "as a success");
     }
 
     #[tokio::test]
@@ -511,6 +522,21 @@ mod tests {
         let node = node();
         drop(document(&node));
         assert_eq!(node.in_flight(), 0, "the client left: the slot frees on the spot");
+        assert_eq!(node.served(), 0, "not as a success");
+    }
+
+    #[test]
+    fn a_document_handed_over_as_its_runtime_shuts_down_is_still_judged() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let node = node();
+        let mut doc = rt.block_on(async { document(&node) });
+        take_frame(&mut doc);
+        let handle = rt.handle().clone();
+        drop(rt);
+        let _inside = handle.enter();
+        drop(doc);
+        assert_eq!(node.in_flight(), 0, "the verdict's task was dropped unrun, and judged on the way");
+        assert_eq!(node.served(), 1, "as the success it was, not as the client's leaving");
     }
 
     #[test]
@@ -521,5 +547,6 @@ mod tests {
         take_frame(&mut doc);
         drop(doc);
         assert_eq!(node.in_flight(), 0);
+        assert_eq!(node.served(), 1);
     }
 }
