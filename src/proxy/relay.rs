@@ -525,12 +525,19 @@ mod tests {
         assert_eq!(node.served(), 0, "not as a success");
     }
 
+    /// A document whose frame the server has taken, made in a runtime of its own (returned, so
+    /// the test decides whether it is still running when the document is dropped).
+    fn handed_over(node: &Arc<Node>) -> (tokio::runtime::Runtime, Document) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let mut doc = rt.block_on(async { document(node) });
+        take_frame(&mut doc);
+        (rt, doc)
+    }
+
     #[test]
     fn a_document_handed_over_as_its_runtime_shuts_down_is_still_judged() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let node = node();
-        let mut doc = rt.block_on(async { document(&node) });
-        take_frame(&mut doc);
+        let (rt, doc) = handed_over(&node);
         let handle = rt.handle().clone();
         drop(rt);
         let _inside = handle.enter();
@@ -541,10 +548,8 @@ mod tests {
 
     #[test]
     fn a_document_handed_over_outside_a_runtime_is_judged_on_the_spot() {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let node = node();
-        let mut doc = rt.block_on(async { document(&node) });
-        take_frame(&mut doc);
+        let (_rt, doc) = handed_over(&node);
         drop(doc);
         assert_eq!(node.in_flight(), 0);
         assert_eq!(node.served(), 1);
