@@ -106,16 +106,17 @@ fn streamed(relay: Relay, read_ahead: Option<Budget>, record: Option<tokio::sync
 /// written it: the server drops the body as it takes the last frame and writes after, so the
 /// verdict (the speed model, the record, the log line) is made in a task of its own that runs
 /// once the connection's task yields, not ahead of the client's bytes. Dropped before it is
-/// polled, the relay inside judges the exchange as the client's leaving.
+/// polled, the relay inside judges the exchange as the client's leaving. Its frame taken
+/// (`first` empty) is what "handed over" means.
 struct Document {
+    /// Always there until the document is dropped.
     relay: Option<Relay>,
-    handed: bool,
 }
 
 impl Document {
     fn new(mut relay: Relay) -> Self {
         relay.first = Some(relay.first.take().unwrap_or_default());
-        Self { relay: Some(relay), handed: false }
+        Self { relay: Some(relay) }
     }
 }
 
@@ -127,10 +128,8 @@ impl http_body::Body for Document {
         self: std::pin::Pin<&mut Self>,
         _: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        let Some(relay) = this.relay.as_mut() else { return std::task::Poll::Ready(None) };
+        let Some(relay) = self.get_mut().relay.as_mut() else { return std::task::Poll::Ready(None) };
         let Some(data) = relay.first.take() else { return std::task::Poll::Ready(None) };
-        this.handed = true;
         std::task::Poll::Ready(Some(Ok(http_body::Frame::data(relay.pass(data)))))
     }
 
@@ -146,7 +145,7 @@ impl http_body::Body for Document {
 
 impl Drop for Document {
     fn drop(&mut self) {
-        let Some(relay) = self.relay.take().filter(|_| self.handed) else { return };
+        let Some(relay) = self.relay.take().filter(|r| r.first.is_none()) else { return };
         let handed = Handed(relay);
         match tokio::runtime::Handle::try_current() {
             // A runtime shutting down drops the task unrun: `Handed` judges it all the same.
